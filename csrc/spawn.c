@@ -1,0 +1,98 @@
+/* Spawn of karotte-init: one clone3 with every namespace flag, then exec.
+ *
+ * Why this shape: the host is a trainer process that may hold tens of GiB and many
+ * threads. fork() would copy its page tables (latency grows with its size) and the
+ * child would run Python-owned memory between fork and exec. Instead the child shares
+ * the parent's memory (CLONE_VM) while the parent is suspended (CLONE_VFORK), and does
+ * exactly three raw syscalls held in registers: dup3 of the control socket to fd 3,
+ * execve of karotte-init, and exit_group if the exec failed. It touches no memory and
+ * no stack, so it cannot corrupt the suspended parent. All setup happens in the fresh
+ * karotte-init image.
+ */
+#include "spawn.h"
+
+#include <errno.h>
+#include <linux/sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#if !defined(__x86_64__)
+#error "karotte-spawn: only x86_64 is implemented (the child path is raw syscalls in assembly)"
+#endif
+
+#ifndef CLONE_INTO_CGROUP
+#define CLONE_INTO_CGROUP 0x200000000ULL
+#endif
+
+static long clone3_dup_exec(struct clone_args *ca, long child_fd, const char *path,
+                            char *const argv[], char *const envp[])
+{
+    register long rax asm("rax") = SYS_clone3;
+    register long rdi asm("rdi") = (long)ca;
+    register long rsi asm("rsi") = (long)sizeof(*ca);
+    register long r12 asm("r12") = child_fd;
+    register long r13 asm("r13") = (long)path;
+    register long r14 asm("r14") = (long)argv;
+    register long r15 asm("r15") = (long)envp;
+    asm volatile(
+        "syscall\n\t"
+        "test %%rax, %%rax\n\t"
+        "jnz 1f\n\t"
+        /* Child: registers only; rcx and r11 are clobbered by syscall, r12-r15 survive. */
+        "mov $292, %%eax\n\t" /* dup3(child_fd, KAROTTE_CHILD_FD, 0): clears CLOEXEC */
+        "mov %%r12, %%rdi\n\t"
+        "mov $3, %%esi\n\t"
+        "xor %%edx, %%edx\n\t"
+        "syscall\n\t"
+        "mov $59, %%eax\n\t" /* execve(path, argv, envp) */
+        "mov %%r13, %%rdi\n\t"
+        "mov %%r14, %%rsi\n\t"
+        "mov %%r15, %%rdx\n\t"
+        "syscall\n\t"
+        "mov $231, %%eax\n\t" /* exit_group(127): exec failed */
+        "mov $127, %%edi\n\t"
+        "syscall\n\t"
+        "1:\n\t"
+        : "+r"(rax), "+r"(rdi), "+r"(rsi)
+        : "r"(r12), "r"(r13), "r"(r14), "r"(r15)
+        : "rcx", "r11", "rdx", "memory", "cc");
+    return rax;
+}
+
+int karotte_spawn(const char *path, char *const argv[], char *const envp[],
+                  int child_fd, int cgroup_fd, uint64_t ns_flags, int *pidfd_out)
+{
+    int pidfd = -1;
+    struct clone_args ca;
+    sigset_t all, old;
+    long ret;
+
+    /* dup3 to the same number fails with EINVAL; the caller must pick another fd. */
+    if (child_fd == KAROTTE_CHILD_FD || child_fd < 0)
+        return -EBADF;
+
+    memset(&ca, 0, sizeof(ca));
+    ca.flags = CLONE_VM | CLONE_VFORK | CLONE_PIDFD | ns_flags;
+    ca.pidfd = (uint64_t)(uintptr_t)&pidfd;
+    ca.exit_signal = SIGCHLD;
+    if (cgroup_fd >= 0) {
+        ca.flags |= CLONE_INTO_CGROUP;
+        ca.cgroup = (uint64_t)cgroup_fd;
+    }
+
+    /* A signal handler running in the child would write to the shared stack; block
+     * everything across the clone. The child's exec keeps the mask, and karotte-init
+     * sets its own. */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    ret = clone3_dup_exec(&ca, child_fd, path, argv, envp);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+
+    if (ret < 0)
+        return (int)ret;
+    *pidfd_out = pidfd;
+    return (int)ret;
+}

@@ -1,0 +1,17 @@
+/* One clone3 into fresh namespaces, then exec of karotte-init. */
+#ifndef KAROTTE_SPAWN_H
+#define KAROTTE_SPAWN_H
+
+#include <stdint.h>
+
+/* The fd number at which karotte-init finds its end of the control socket. */
+#define KAROTTE_CHILD_FD 3
+
+/* Returns the child's pid (> 0) or -errno. *pidfd_out receives a pidfd for it.
+ * ns_flags: CLONE_NEW* flags. cgroup_fd: a cgroup v2 directory to start the child
+ * in (CLONE_INTO_CGROUP), or -1. child_fd becomes fd 3 in the child; every other
+ * fd the caller holds is closed by karotte-init before it reads anything. */
+int karotte_spawn(const char *path, char *const argv[], char *const envp[],
+                  int child_fd, int cgroup_fd, uint64_t ns_flags, int *pidfd_out);
+
+#endif

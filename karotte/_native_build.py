@@ -1,0 +1,25 @@
+"""cffi builder for karotte._native (out-of-line API mode, compiled by setup.py)."""
+from pathlib import Path
+
+from cffi import FFI
+
+CSRC = Path(__file__).resolve().parent.parent / "csrc"
+
+ffibuilder = FFI()
+ffibuilder.cdef(
+    """
+    #define KAROTTE_CHILD_FD ...
+    int karotte_spawn(const char *path, char *const argv[], char *const envp[],
+                      int child_fd, int cgroup_fd, uint64_t ns_flags, int *pidfd_out);
+    """
+)
+ffibuilder.set_source(
+    "karotte._native",
+    '#include "spawn.h"',
+    sources=[str(CSRC / "spawn.c")],
+    include_dirs=[str(CSRC)],
+    extra_compile_args=["-O2", "-Wall", "-Wextra", "-D_GNU_SOURCE"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,1 @@
+"""Console scripts: karotte-sandbox (and, later, karotte)."""
