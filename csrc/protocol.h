@@ -25,7 +25,8 @@ struct kp_record {
 
 /* host -> init */
 enum {
-    KP_CONFIG = 1, /* the sandbox plan; also the signal that maps and cgroups are in place */
+    KP_GO = 4,     /* to the spawned child, before exec: maps and cgroup are in place */
+    KP_CONFIG = 1, /* the sandbox plan, init's first message */
     KP_EXEC = 2,   /* run a command as the agent; fds stdin, stdout, stderr attached */
     KP_SIGNAL = 3, /* signal an exec's process group: record KT_SIGNAL */
 };
@@ -34,7 +35,6 @@ enum {
 enum {
     KP_READY = 101,     /* setup done; a directory fd of /workspace is attached */
     KP_SETUP_ERR = 102, /* setup failed: KT_ERRNO, KT_WHAT; init exits after it */
-    KP_STARTED = 103,   /* exec id started: KT_PID (pid inside the sandbox) */
     KP_EXEC_ERR = 104,  /* exec id could not start: KT_ERRNO, KT_WHAT */
     KP_EXITED = 105,    /* exec id ended: KT_WAIT_STATUS, KT_RUSAGE */
 };
@@ -58,7 +58,6 @@ enum {
     /* replies */
     KT_ERRNO = 40,       /* u32 */
     KT_WHAT = 41,        /* string: which step failed */
-    KT_PID = 42,         /* u32 */
     KT_WAIT_STATUS = 43, /* u32, as from waitpid */
     KT_RUSAGE = 44,      /* u64 utime_us, u64 stime_us, u64 maxrss_kib */
 };
@@ -77,7 +76,6 @@ enum {
 
 #define KMF_RDONLY 0x1 /* read-only */
 #define KMF_DEV 0x2    /* keep device access: only for single device-node binds */
-#define KMF_FILE 0x4   /* bind target is a file, not a directory */
 #define KMF_OPTIONAL 0x8 /* skip silently if the source does not exist */
 
 struct kp_mount {

@@ -3,11 +3,16 @@
  * Why this shape: the host is a trainer process that may hold tens of GiB and many
  * threads. fork() would copy its page tables (latency grows with its size) and the
  * child would run Python-owned memory between fork and exec. Instead the child shares
- * the parent's memory (CLONE_VM) while the parent is suspended (CLONE_VFORK), and does
- * exactly three raw syscalls held in registers: dup3 of the control socket to fd 3,
- * execve of karotte-init, and exit_group if the exec failed. It touches no memory and
- * no stack, so it cannot corrupt the suspended parent. All setup happens in the fresh
- * karotte-init image.
+ * the parent's memory (CLONE_VM) and runs only raw syscalls held in registers: it
+ * touches no memory and no stack, so it cannot disturb the parent, which keeps running.
+ *
+ * The child must exec as root of its new user namespace, or execve would drop the
+ * capabilities that init needs to build the mount tree. It can become that root only
+ * after the parent has written its uid/gid maps (and, on cgroup v1, placed it in its
+ * cgroup), so it first blocks in a zero-length recv on the control socket until the
+ * parent sends the go datagram. Then: setresgid(0), setresuid(0), dup3 of the control
+ * socket to fd 3, execve; exit_group if any step fails (also when the parent died
+ * and the recv returned EOF: the maps are missing and setresgid fails).
  */
 #include "spawn.h"
 
@@ -27,8 +32,8 @@
 #define CLONE_INTO_CGROUP 0x200000000ULL
 #endif
 
-static long clone3_dup_exec(struct clone_args *ca, long child_fd, const char *path,
-                            char *const argv[], char *const envp[])
+static long clone3_child_exec(struct clone_args *ca, long child_fd, const char *path,
+                              char *const argv[], char *const envp[])
 {
     register long rax asm("rax") = SYS_clone3;
     register long rdi asm("rdi") = (long)ca;
@@ -42,6 +47,30 @@ static long clone3_dup_exec(struct clone_args *ca, long child_fd, const char *pa
         "test %%rax, %%rax\n\t"
         "jnz 1f\n\t"
         /* Child: registers only; rcx and r11 are clobbered by syscall, r12-r15 survive. */
+        "mov $45, %%eax\n\t" /* recvfrom(child_fd, NULL, 0, 0, NULL, NULL): wait for go */
+        "mov %%r12, %%rdi\n\t"
+        "xor %%esi, %%esi\n\t"
+        "xor %%edx, %%edx\n\t"
+        "xor %%r10d, %%r10d\n\t"
+        "xor %%r8d, %%r8d\n\t"
+        "xor %%r9d, %%r9d\n\t"
+        "syscall\n\t"
+        "test %%rax, %%rax\n\t"
+        "js 2f\n\t"
+        "mov $119, %%eax\n\t" /* setresgid(0, 0, 0) */
+        "xor %%edi, %%edi\n\t"
+        "xor %%esi, %%esi\n\t"
+        "xor %%edx, %%edx\n\t"
+        "syscall\n\t"
+        "test %%rax, %%rax\n\t"
+        "jnz 2f\n\t"
+        "mov $117, %%eax\n\t" /* setresuid(0, 0, 0) */
+        "xor %%edi, %%edi\n\t"
+        "xor %%esi, %%esi\n\t"
+        "xor %%edx, %%edx\n\t"
+        "syscall\n\t"
+        "test %%rax, %%rax\n\t"
+        "jnz 2f\n\t"
         "mov $292, %%eax\n\t" /* dup3(child_fd, KAROTTE_CHILD_FD, 0): clears CLOEXEC */
         "mov %%r12, %%rdi\n\t"
         "mov $3, %%esi\n\t"
@@ -52,13 +81,14 @@ static long clone3_dup_exec(struct clone_args *ca, long child_fd, const char *pa
         "mov %%r14, %%rsi\n\t"
         "mov %%r15, %%rdx\n\t"
         "syscall\n\t"
-        "mov $231, %%eax\n\t" /* exit_group(127): exec failed */
+        "2:\n\t"
+        "mov $231, %%eax\n\t" /* exit_group(127): no go, no root, or no exec */
         "mov $127, %%edi\n\t"
         "syscall\n\t"
         "1:\n\t"
         : "+r"(rax), "+r"(rdi), "+r"(rsi)
         : "r"(r12), "r"(r13), "r"(r14), "r"(r15)
-        : "rcx", "r11", "rdx", "memory", "cc");
+        : "rcx", "r11", "rdx", "r8", "r9", "r10", "memory", "cc");
     return rax;
 }
 
@@ -75,7 +105,7 @@ int karotte_spawn(const char *path, char *const argv[], char *const envp[],
         return -EBADF;
 
     memset(&ca, 0, sizeof(ca));
-    ca.flags = CLONE_VM | CLONE_VFORK | CLONE_PIDFD | ns_flags;
+    ca.flags = CLONE_VM | CLONE_PIDFD | ns_flags;
     ca.pidfd = (uint64_t)(uintptr_t)&pidfd;
     ca.exit_signal = SIGCHLD;
     if (cgroup_fd >= 0) {
@@ -83,12 +113,12 @@ int karotte_spawn(const char *path, char *const argv[], char *const envp[],
         ca.cgroup = (uint64_t)cgroup_fd;
     }
 
-    /* A signal handler running in the child would write to the shared stack; block
-     * everything across the clone. The child's exec keeps the mask, and karotte-init
-     * sets its own. */
+    /* A signal handler running in the child would write to the parent's stack; block
+     * everything across the clone. The child keeps the full mask through exec, and
+     * karotte-init sets its own. (SIGKILL and SIGSTOP use no user stack.) */
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    ret = clone3_dup_exec(&ca, child_fd, path, argv, envp);
+    ret = clone3_child_exec(&ca, child_fd, path, argv, envp);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 
     if (ret < 0)

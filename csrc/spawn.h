@@ -9,8 +9,11 @@
 
 /* Returns the child's pid (> 0) or -errno. *pidfd_out receives a pidfd for it.
  * ns_flags: CLONE_NEW* flags. cgroup_fd: a cgroup v2 directory to start the child
- * in (CLONE_INTO_CGROUP), or -1. child_fd becomes fd 3 in the child; every other
- * fd the caller holds is closed by karotte-init before it reads anything. */
+ * in (CLONE_INTO_CGROUP), or -1. child_fd is the child's end of the control socket
+ * (SOCK_SEQPACKET); the child waits for one datagram on it (the go, sent after its
+ * id maps are written), then becomes root of its user namespace, moves child_fd to
+ * fd 3 and execs path. Every other fd the caller holds is closed by karotte-init
+ * before it reads anything. */
 int karotte_spawn(const char *path, char *const argv[], char *const envp[],
                   int child_fd, int cgroup_fd, uint64_t ns_flags, int *pidfd_out);
 

@@ -1,9 +1,8 @@
 """cffi builder for karotte._native (out-of-line API mode, compiled by setup.py)."""
-from pathlib import Path
-
 from cffi import FFI
 
-CSRC = Path(__file__).resolve().parent.parent / "csrc"
+# Relative to the project root, where setup.py runs (setuptools refuses absolute paths).
+CSRC = "csrc"
 
 ffibuilder = FFI()
 ffibuilder.cdef(
@@ -16,8 +15,8 @@ ffibuilder.cdef(
 ffibuilder.set_source(
     "karotte._native",
     '#include "spawn.h"',
-    sources=[str(CSRC / "spawn.c")],
-    include_dirs=[str(CSRC)],
+    sources=[f"{CSRC}/spawn.c"],
+    include_dirs=[CSRC],
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-D_GNU_SOURCE"],
 )
 

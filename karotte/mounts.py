@@ -1,0 +1,101 @@
+"""The mount plan: what the sandbox's filesystem is made of, in the order init builds it.
+
+Everything is a fresh tmpfs or a read-only bind of the host's userland, described in
+rootfs/. Every mount is nosuid and nodev except the single device-node binds under
+/dev; nothing of the host is visible that is not listed here.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from . import protocol as p
+from .spec import MiB, SandboxSpec
+
+WORKSPACE = "/workspace"
+HOME = "/home/agent"
+
+
+@dataclass(frozen=True)
+class Rootfs:
+    userland: tuple[str, ...]
+    host_etc: tuple[str, ...]
+    devices: tuple[str, ...]
+    etc_files: tuple[tuple[str, bytes], ...]
+
+
+@lru_cache(maxsize=1)
+def default_rootfs() -> Rootfs:
+    pkg = resources.files("karotte.rootfs")
+    desc = json.loads(pkg.joinpath("default.json").read_text())
+    etc = pkg.joinpath("etc")
+    files = tuple(sorted((f.name, f.read_bytes()) for f in etc.iterdir() if f.is_file()))
+    return Rootfs(tuple(desc["userland"]), tuple(desc["host_etc"]), tuple(desc["devices"]), files)
+
+
+@lru_cache(maxsize=1)
+def _userland_ops() -> tuple[tuple[str, str], ...]:
+    """("symlink", target) or ("bind", path) for each host userland path that exists."""
+    ops = []
+    for path in default_rootfs().userland:
+        try:
+            if os.path.islink(path):
+                ops.append(("symlink", path, os.readlink(path)))
+            elif os.path.isdir(path):
+                ops.append(("bind", path, path))
+        except OSError:
+            continue
+    return tuple(ops)
+
+
+def add_mount_plan(msg: p.Message, spec: SandboxSpec, agent_uid: int, agent_gid: int) -> None:
+    """Append the mount plan to a CONFIG message. Owner ids are as seen by init."""
+    rootfs = default_rootfs()
+    for kind, path, target in _userland_ops():
+        if kind == "symlink":
+            msg.mount(p.M_SYMLINK, path, target)
+        else:
+            msg.mount(p.M_BIND, path, path, flags=p.MF_RDONLY)
+
+    # /etc: generated identity files, then a short list of host files programs need.
+    for name, content in rootfs.etc_files:
+        msg.mount(p.M_FILE, f"/etc/{name}", content, mode=0o644)
+    msg.mount(p.M_FILE, "/etc/hostname", f"{spec.hostname}\n", mode=0o644)
+    msg.mount(p.M_FILE, "/etc/hosts",
+              f"127.0.0.1\tlocalhost {spec.hostname}\n::1\tlocalhost ip6-localhost {spec.hostname}\n",
+              mode=0o644)
+    for name in rootfs.host_etc:
+        msg.mount(p.M_BIND, f"/etc/{name}", f"/etc/{name}", flags=p.MF_RDONLY | p.MF_OPTIONAL)
+
+    # /dev: a small tmpfs holding binds of a few harmless character devices.
+    msg.mount(p.M_TMPFS, "/dev", "", mode=0o755, size=1 * MiB, inodes=256)
+    for dev in rootfs.devices:
+        msg.mount(p.M_BIND, f"/dev/{dev}", f"/dev/{dev}", flags=p.MF_DEV)
+    msg.mount(p.M_DEVPTS, "/dev/pts")
+    msg.mount(p.M_TMPFS, "/dev/shm", "", mode=0o1777, size=spec.tmp_size, inodes=4096)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        msg.mount(p.M_SYMLINK, f"/dev/{name}", target)
+    msg.mount(p.M_PROC, "/proc")
+
+    # Writable places, each its own tmpfs with a byte and an inode limit. Their pages
+    # are charged to the sandbox's memory cgroup, so they also count against memory.
+    msg.mount(p.M_TMPFS, "/tmp", "", mode=0o1777, size=spec.tmp_size, inodes=spec.inodes)
+    msg.mount(p.M_TMPFS, WORKSPACE, "", mode=0o755, uid=agent_uid, gid=agent_gid,
+              size=spec.disk, inodes=spec.inodes)
+    msg.mount(p.M_TMPFS, HOME, "", mode=0o700, uid=agent_uid, gid=agent_gid,
+              size=spec.home_size, inodes=4096)
+    msg.mount(p.M_DIR, "/root", mode=0o700)
+
+    for bind in spec.binds:
+        if not os.path.isabs(bind.src) or not os.path.isabs(bind.dst):
+            raise ValueError(f"bind paths must be absolute: {bind.src}:{bind.dst}")
+        if not os.path.exists(bind.src):
+            raise FileNotFoundError(f"bind source does not exist: {bind.src}")
+        msg.mount(p.M_BIND, os.path.normpath(bind.dst), os.path.realpath(bind.src),
+                  flags=0 if bind.writable else p.MF_RDONLY)
+
+    msg.mount(p.M_SEAL, "/dev")

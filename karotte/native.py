@@ -1,0 +1,50 @@
+"""Thin Python face of the native layer: the spawn call and the init binary's path."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import SandboxError
+
+try:
+    from ._native import ffi, lib
+except ImportError as exc:  # pragma: no cover - only without a build
+    raise SandboxError(
+        "karotte's C extension is not built; run `pip install -e .` in the checkout "
+        f"(or scripts/setup) ({exc})") from exc
+
+INIT_PATH = Path(__file__).resolve().parent / "_bin" / "karotte-init"
+CHILD_FD = lib.KAROTTE_CHILD_FD
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+ALL_NAMESPACES = (CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC
+                  | CLONE_NEWUTS | CLONE_NEWCGROUP)
+
+_INIT_ARGV = [ffi.new("char[]", b"karotte-init"), ffi.NULL]
+
+
+def spawn_init(child_fd: int, cgroup_fd: int | None) -> tuple[int, int, object]:
+    """Start karotte-init in fresh namespaces; child_fd becomes its fd 3.
+
+    Returns (pid, pidfd, keepalive). The child reads its exec arguments from our
+    memory until it execs, after the go message: hold keepalive until init has
+    answered (or the child is dead). Raises OSError with the kernel's errno.
+    """
+    if not os.access(INIT_PATH, os.X_OK):
+        raise SandboxError(f"{INIT_PATH} is missing or not executable; rebuild with "
+                           "`pip install -e .` (or scripts/setup)")
+    path = ffi.new("char[]", os.fsencode(INIT_PATH))
+    argv = ffi.new("char *[]", _INIT_ARGV)
+    envp = ffi.new("char *[]", [ffi.NULL])
+    pidfd = ffi.new("int *", -1)
+    rc = lib.karotte_spawn(path, argv, envp, child_fd,
+                           -1 if cgroup_fd is None else cgroup_fd, ALL_NAMESPACES, pidfd)
+    if rc < 0:
+        raise OSError(-rc, os.strerror(-rc))
+    return rc, pidfd[0], (path, argv, envp)

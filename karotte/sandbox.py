@@ -1,0 +1,712 @@
+"""Sandbox: create -> exec* -> kill_all -> destroy, with a sync and an asyncio API.
+
+One sandbox is one karotte-init (PID 1 of fresh user, PID, mount, network, IPC, UTS
+and cgroup namespaces) in one cgroup. The host drives it over a private socketpair:
+each exec sends the command and three pipe fds, init runs it as the agent and
+reports how it ended. Output is read by the host directly from the pipes and capped.
+
+The exec logic is written once, as a small state machine (_ExecOp) that says which
+fds it waits on and until when; Sandbox drives it with poll(), AsyncSandbox with the
+asyncio event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import resource
+import select
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Mapping, Sequence
+
+from . import cgroups, mounts, native
+from . import protocol as p
+from .errors import HostUnsupported, SandboxClosed, SandboxError
+from .seccomp import compile_policy
+from .spec import SandboxSpec
+
+AGENT_UID = 1000  # the agent's uid and gid inside the sandbox
+# Root callers map the sandbox's 65536 ids onto this host range, so neither init nor
+# the agent is ever a host uid that owns anything. Override with KAROTTE_UID_BASE.
+DEFAULT_UID_BASE = 0x7000_0000
+SETUP_TIMEOUT = 10.0  # seconds for init to build the root and report ready
+DRAIN_GRACE = 0.05  # after exit, how long to wait for output held open by background jobs
+KILL_GRACE = 5.0  # after a timeout kill, how long the exit report may take
+
+DEFAULT_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": mounts.HOME,
+    "USER": "agent",
+    "LOGNAME": "agent",
+    "SHELL": "/bin/bash",
+    "LANG": "C.UTF-8",
+    "TMPDIR": "/tmp",
+}
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """How one command ended. Exactly one of exit_code and signal is set, unless the
+    command could not start (error is set, exit_code 127)."""
+
+    exit_code: int | None
+    signal: int | None
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool  # more was written than SandboxSpec.output_limit
+    stderr_truncated: bool
+    timed_out: bool  # killed by Karotte at the timeout
+    oom_killed: bool  # the kernel's OOM killer acted in the sandbox during the exec
+    wall_seconds: float  # host monotonic clock, from request to exit report
+    cpu_seconds: float  # user + system time of the command and the children it waited for
+    peak_memory: int | None  # bytes, the sandbox cgroup's peak during the exec
+    error: str | None = None  # why the command could not start
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass(frozen=True)
+class _Identity:
+    uid_map: str
+    gid_map: str
+    deny_setgroups: bool
+    nested: bool  # agent runs in a user namespace of its own (unprivileged caller)
+    owner_uid: int  # the agent's uid as init sees it: owner of /workspace and /home/agent
+    owner_gid: int
+
+
+def _identity() -> _Identity:
+    if os.geteuid() == 0:
+        base = int(os.environ.get("KAROTTE_UID_BASE", DEFAULT_UID_BASE))
+        return _Identity(f"0 {base} 65536\n", f"0 {base} 65536\n", False, False,
+                         AGENT_UID, AGENT_UID)
+    # Without privilege the kernel lets us map exactly our own ids; the agent gets a
+    # nested namespace in which that id is 1000 (see agent_child in csrc/init.c).
+    return _Identity(f"0 {os.geteuid()} 1\n", f"0 {os.getegid()} 1\n", True, True, 0, 0)
+
+
+@lru_cache(maxsize=1)
+def _seccomp_filter() -> bytes:
+    return compile_policy()
+
+
+def _config_message(spec: SandboxSpec, ident: _Identity) -> bytes:
+    msg = p.Message(p.CONFIG)
+    msg.record(p.T_IDS, AGENT_UID.to_bytes(4, "little") + AGENT_UID.to_bytes(4, "little")
+               + int(ident.nested).to_bytes(4, "little"))
+    msg.string(p.T_HOSTNAME, spec.hostname)
+    msg.record(p.T_SECCOMP, _seccomp_filter())
+    msg.rlimit(resource.RLIMIT_NOFILE, spec.nofile, spec.nofile)
+    msg.rlimit(resource.RLIMIT_FSIZE, spec.disk, spec.disk)
+    msg.rlimit(resource.RLIMIT_CORE, 0, 0)
+    msg.record(p.T_LOOPBACK)
+    mounts.add_mount_plan(msg, spec, ident.owner_uid, ident.owner_gid)
+    return msg.to_bytes()
+
+
+def _write_proc(pid: int, name: str, text: str) -> None:
+    fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _setup_error(reply: p.Reply) -> SandboxError:
+    err = reply.u32(p.T_ERRNO)
+    what = reply.text(p.T_WHAT)
+    hint = ""
+    if err == errno.EPERM and ("mount" in what or "proc" in what):
+        hint = (" (the kernel refused a mount inside the user namespace: a container or "
+                "LSM policy may forbid it; run `karotte-sandbox check`)")
+    return SandboxError(f"sandbox setup failed at '{what}': {os.strerror(err)}{hint}")
+
+
+class _Capture:
+    """Keeps the first `limit` bytes of a stream and counts the rest."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.chunks: list[bytes] = []
+        self.kept = 0
+        self.truncated = False
+
+    def feed(self, data: bytes) -> None:
+        room = self.limit - self.kept
+        if len(data) > room:
+            self.truncated = True
+            data = data[:room]
+        if data:
+            self.chunks.append(data)
+            self.kept += len(data)
+
+    def value(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+class _ExecOp:
+    """One exec as a state machine: the driver asks what to wait for, and reports
+    readiness and the passing of time. It owns the host ends of the three pipes."""
+
+    def __init__(self, core: "_Core", exec_id: int, argv: list[str], stdin: bytes,
+                 timeout: float, env: Mapping[str, str], cwd: str):
+        self.core = core
+        self.id = exec_id
+        self.timeout = timeout
+        self.out = _Capture(core.spec.output_limit)
+        self.err = _Capture(core.spec.output_limit)
+        self.stdin = memoryview(stdin)
+        self.exit_reply: p.Reply | None = None
+        self.error: str | None = None
+        self.timed_out = False
+        self.kill_deadline: float | None = None
+        self.drain_deadline: float | None = None
+        self.init_died = False
+
+        in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        for fd in (in_w, out_r, err_r):
+            os.set_blocking(fd, False)
+        self.readers = {out_r: self.out, err_r: self.err}
+        self.stdin_fd: int | None = in_w
+        try:
+            msg = p.Message(p.EXEC, exec_id)
+            msg.strings(p.T_ARGV, argv)
+            msg.strings(p.T_ENV, [f"{k}={v}" for k, v in env.items()])
+            msg.string(p.T_CWD, cwd)
+            core.send(msg.to_bytes(), [in_r, out_w, err_w])
+        except BaseException:
+            for fd in (in_w, out_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (in_r, out_w, err_w):
+                os.close(fd)
+        if not self.stdin:
+            self._close_stdin()
+        self.start = time.monotonic()
+        self.deadline = self.start + timeout
+        self.end: float | None = None
+
+    # -- what the driver waits on
+
+    @property
+    def done(self) -> bool:
+        return (self.exit_reply is not None or self.error is not None or self.init_died) \
+            and not self.readers
+
+    def want_read(self) -> list[int]:
+        fds = list(self.readers)
+        if self.exit_reply is None and self.error is None and not self.init_died:
+            fds.append(self.core.sock.fileno())
+        return fds
+
+    def want_write(self) -> list[int]:
+        return [self.stdin_fd] if self.stdin_fd is not None else []
+
+    def next_deadline(self) -> float:
+        if self.drain_deadline is not None:
+            return self.drain_deadline
+        if self.kill_deadline is not None:
+            return self.kill_deadline
+        return self.deadline
+
+    # -- events
+
+    def on_readable(self, fd: int) -> None:
+        if fd == self.core.sock.fileno():
+            self._on_reply()
+            return
+        capture = self.readers.get(fd)
+        if capture is None:
+            return
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        if data:
+            capture.feed(data)
+        else:
+            self._close_reader(fd)
+
+    def on_writable(self, fd: int) -> None:
+        try:
+            n = os.write(fd, self.stdin[:65536])
+        except BlockingIOError:
+            return
+        except BrokenPipeError:
+            n = len(self.stdin)  # the command stopped reading; drop the rest
+        self.stdin = self.stdin[n:]
+        if not self.stdin:
+            self._close_stdin()
+
+    def on_time(self, now: float) -> None:
+        if self.drain_deadline is not None and now >= self.drain_deadline:
+            for fd in list(self.readers):  # background jobs hold the pipes: stop waiting
+                self._close_reader(fd)
+        elif self.kill_deadline is not None and now >= self.kill_deadline:
+            self.core.mark_broken("init did not report the exit of a killed command")
+            self.init_died = True
+            self._finish(now)
+        elif not self.timed_out and now >= self.deadline:
+            self.timed_out = True
+            self.core.signal(self.id, signal.SIGKILL)
+            self.kill_deadline = now + KILL_GRACE
+
+    def _on_reply(self) -> None:
+        reply = self.core.recv()
+        now = time.monotonic()
+        if reply is None:
+            self.init_died = True
+            self._finish(now)
+        elif reply.id != self.id:
+            return  # stale report of an earlier, abandoned exec
+        elif reply.type == p.EXITED:
+            self.exit_reply = reply
+            self._finish(now)
+        elif reply.type == p.EXEC_ERR:
+            err = reply.u32(p.T_ERRNO)
+            self.error = f"{reply.text(p.T_WHAT)}: {os.strerror(err)}"
+            self._finish(now)
+
+    def _finish(self, now: float) -> None:
+        self.end = now
+        self.drain_deadline = now + DRAIN_GRACE
+        self._close_stdin()
+
+    def _close_reader(self, fd: int) -> None:
+        del self.readers[fd]
+        os.close(fd)
+
+    def _close_stdin(self) -> None:
+        if self.stdin_fd is not None:
+            os.close(self.stdin_fd)
+            self.stdin_fd = None
+
+    def abandon(self) -> None:
+        """Close everything (the exec was cancelled or the driver failed)."""
+        for fd in list(self.readers):
+            self._close_reader(fd)
+        self._close_stdin()
+
+    def result(self, peak: int | None, oom: bool) -> ExecResult:
+        wall = (self.end or time.monotonic()) - self.start
+        exit_code = sig = None
+        cpu = 0.0
+        error = self.error
+        if self.exit_reply is not None:
+            status = self.exit_reply.u32(p.T_WAIT_STATUS)
+            if os.WIFEXITED(status):
+                exit_code = os.WEXITSTATUS(status)
+            elif os.WIFSIGNALED(status):
+                sig = os.WTERMSIG(status)
+            user, system, _ = p.rusage(self.exit_reply)
+            cpu = user + system
+        elif error is not None:
+            exit_code = 127
+        else:
+            sig = signal.SIGKILL  # init died with the command (e.g. the sandbox OOM-killed)
+            error = self.core.broken or "the sandbox's init died"
+        stderr = self.err.value()
+        if error is not None and self.exit_reply is None:
+            stderr += f"karotte: {error}\n".encode()
+        return ExecResult(exit_code, sig, self.out.value(), stderr, self.out.truncated,
+                          self.err.truncated, self.timed_out, oom, wall, cpu, peak, error)
+
+
+class _Core:
+    """State shared by the sync and async faces: creation, channel, teardown."""
+
+    def __init__(self, spec: SandboxSpec):
+        self.spec = spec
+        self.cgroup: cgroups.Cgroup | None = None
+        self.sock: socket.socket | None = None
+        self.pid: int | None = None
+        self.pidfd: int | None = None
+        self.workspace_fd: int | None = None
+        self.broken: str | None = None
+        self.closed = False
+        self._next_id = 1
+        self._oom_before = 0
+        self._spawn_args = None
+
+    # -- creation: start() then finish_start(reply) once init answers
+
+    def start(self) -> None:
+        spec = self.spec
+        try:
+            self.cgroup = cgroups.create(
+                cgroups.leaf_name(),
+                cgroups.CgroupLimits(memory=spec.memory, pids=spec.pids, cpus=spec.cpus))
+            if not self.cgroup.swap_enforced and "cgroup-swap" not in spec.allow_degraded:
+                raise HostUnsupported(
+                    "cgroup-swap", "this host's memory cgroup cannot forbid swap "
+                    "(no memory.memsw.* files: boot with swapaccount=1, or turn swap off); "
+                    "pass allow_degraded={'cgroup-swap'} to accept it")
+            ident = _identity()
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self.sock = parent
+            try:
+                child_fd = child.fileno()
+                if child_fd == native.CHILD_FD:
+                    child_fd = os.dup(child_fd)  # dup3 onto itself would fail
+                    child.close()
+                    child = socket.socket(fileno=child_fd)
+                try:
+                    self.pid, self.pidfd, self._spawn_args = native.spawn_init(
+                        child.fileno(), self.cgroup.clone_fd())
+                except OSError as exc:
+                    raise _spawn_error(exc) from exc
+            finally:
+                child.close()
+            # The child waits for the go: ids and cgroup must be in place before it.
+            if ident.deny_setgroups:
+                _write_proc(self.pid, "setgroups", "deny")
+            _write_proc(self.pid, "uid_map", ident.uid_map)
+            _write_proc(self.pid, "gid_map", ident.gid_map)
+            if self.cgroup.clone_fd() is None:
+                self.cgroup.add(self.pid)
+            self.send(p.Message(p.GO).to_bytes(), [])
+            self.send(_config_message(spec, ident), [])
+        except BaseException:
+            self.destroy()
+            raise
+
+    def finish_start(self, reply: p.Reply | None, fds: list[int]) -> None:
+        self._spawn_args = None  # init has exec'd (or died): its arguments may go
+        if reply is not None and reply.type == p.READY and fds:
+            self.workspace_fd = fds[0]
+            for fd in fds[1:]:
+                os.close(fd)
+            return
+        for fd in fds:
+            os.close(fd)
+        error = self._init_gone_error() if reply is None else (
+            _setup_error(reply) if reply.type == p.SETUP_ERR
+            else SandboxError(f"unexpected first message {reply.type} from karotte-init"))
+        self.destroy()
+        raise error
+
+    def _init_gone_error(self) -> SandboxError:
+        try:
+            info = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except (OSError, TypeError):
+            info = None
+        if info is not None and info.si_code == os.CLD_EXITED and info.si_status == 127:
+            return SandboxError(f"could not execute {native.INIT_PATH} in the new namespaces")
+        return SandboxError("karotte-init exited during setup without saying why")
+
+    # -- channel
+
+    def send(self, data: bytes, fds: list[int]) -> None:
+        if self.sock is None:
+            raise SandboxClosed("the sandbox is closed")
+        try:
+            socket.send_fds(self.sock, [data], fds)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            self.mark_broken("the sandbox's init is gone")
+            raise SandboxClosed("the sandbox's init is gone (killed, or died of OOM); "
+                                "create a new sandbox") from exc
+
+    def recv_with_fds(self) -> tuple[p.Reply | None, list[int]]:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(self.sock, p.MAX_MSG, 4)
+        except (BlockingIOError, InterruptedError):
+            raise
+        except OSError:
+            return None, []
+        if not data:
+            return None, fds
+        return p.parse(data), fds
+
+    def recv(self) -> p.Reply | None:
+        reply, fds = self.recv_with_fds()
+        for fd in fds:
+            os.close(fd)
+        if reply is None:
+            self.mark_broken("the sandbox's init is gone (killed, or died of OOM)")
+        return reply
+
+    def signal(self, exec_id: int, sig: int) -> None:
+        try:
+            self.send(p.Message(p.SIGNAL, exec_id).u32(p.T_SIGNAL, sig).to_bytes(), [])
+        except SandboxClosed:
+            pass
+
+    def mark_broken(self, why: str) -> None:
+        if self.broken is None:
+            self.broken = why
+
+    # -- exec
+
+    def begin_exec(self, argv, stdin, timeout, env, cwd) -> _ExecOp:
+        if self.closed:
+            raise SandboxClosed("the sandbox is closed")
+        if self.broken:
+            raise SandboxClosed(f"{self.broken}; create a new sandbox")
+        if isinstance(argv, str):
+            argv = ["/bin/sh", "-c", argv]
+        argv = [os.fsdecode(a) for a in argv]
+        if not argv:
+            raise ValueError("exec needs a command")
+        full_env = dict(DEFAULT_ENV)
+        if env:
+            full_env.update(env)
+        if isinstance(stdin, str):
+            stdin = stdin.encode()
+        timeout = self.spec.timeout if timeout is None else float(timeout)
+        if not timeout > 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        self.cgroup.reset_memory_peak()
+        self._oom_before = self.cgroup.oom_kills()
+        exec_id = self._next_id
+        self._next_id += 1
+        return _ExecOp(self, exec_id, argv, stdin or b"", timeout, full_env,
+                       cwd or mounts.WORKSPACE)
+
+    def end_exec(self, op: _ExecOp) -> ExecResult:
+        peak = oom = None
+        try:
+            peak = self.cgroup.memory_peak()
+            oom = self.cgroup.oom_kills() > self._oom_before
+        except OSError:
+            pass
+        return op.result(peak, bool(oom))
+
+    # -- teardown
+
+    def kill_all(self) -> None:
+        """Kill every process of the sandbox, init included, and confirm none is left."""
+        if self.cgroup is not None:
+            self.cgroup.kill_all()
+        if self.pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED)  # reap: init is our child
+            os.close(self.pidfd)
+            self.pidfd = None
+        self.mark_broken("the sandbox was killed")
+
+    def destroy(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.kill_all()
+        finally:
+            if self.sock is not None:
+                self.sock.close()
+                self.sock = None
+            if self.workspace_fd is not None:
+                os.close(self.workspace_fd)
+                self.workspace_fd = None
+            if self.cgroup is not None:
+                self.cgroup.destroy()
+                self.cgroup = None
+
+
+def _spawn_error(exc: OSError) -> Exception:
+    if exc.errno in (errno.EPERM, errno.EACCES, errno.ENOSPC, errno.EUSERS):
+        from .probe import userns_blocker
+        return HostUnsupported("user-namespace", userns_blocker(exc.errno))
+    return SandboxError(f"clone3 of the sandbox failed: {exc.strerror}")
+
+
+class Sandbox:
+    """A live sandbox. Use as a context manager; exit always cleans up.
+
+        with Sandbox(SandboxSpec(memory=512 * MiB)) as sb:
+            r = sb.exec(["python3", "-c", "print(42)"])
+    """
+
+    def __init__(self, spec: SandboxSpec | None = None):
+        self._core = _Core(spec or SandboxSpec())
+        self._core.start()
+        poller = select.poll()
+        poller.register(self._core.sock.fileno(), select.POLLIN)
+        if not poller.poll(SETUP_TIMEOUT * 1000):
+            self._core.destroy()
+            raise SandboxError(f"karotte-init did not get ready within {SETUP_TIMEOUT:.0f} s")
+        self._core.finish_start(*self._core.recv_with_fds())
+
+    @property
+    def spec(self) -> SandboxSpec:
+        return self._core.spec
+
+    @property
+    def workspace_fd(self) -> int:
+        """A directory fd of /workspace, valid until the sandbox is destroyed."""
+        return self._core.workspace_fd
+
+    @property
+    def cgroup(self) -> cgroups.Cgroup:
+        return self._core.cgroup
+
+    @property
+    def init_pid(self) -> int:
+        """Host pid of the sandbox's init."""
+        return self._core.pid
+
+    def exec(self, argv: Sequence[str] | str, *, stdin: bytes | str = b"",
+             timeout: float | None = None, env: Mapping[str, str] | None = None,
+             cwd: str | None = None) -> ExecResult:
+        """Run a command as the agent and wait for it; a string runs under /bin/sh -c."""
+        op = self._core.begin_exec(argv, stdin, timeout, env, cwd)
+        try:
+            _drive_sync(op)
+        except BaseException:
+            op.abandon()
+            self._core.signal(op.id, signal.SIGKILL)
+            raise
+        return self._core.end_exec(op)
+
+    def kill_all(self) -> None:
+        """Freeze, kill and confirm gone every process of the sandbox (it is then dead)."""
+        self._core.kill_all()
+
+    def close(self) -> None:
+        self._core.destroy()
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _drive_sync(op: _ExecOp) -> None:
+    poller = select.poll()
+    while not op.done:
+        registered = {}
+        for fd in op.want_read():
+            registered[fd] = select.POLLIN
+        for fd in op.want_write():
+            registered[fd] = registered.get(fd, 0) | select.POLLOUT
+        for fd, mask in registered.items():
+            poller.register(fd, mask)
+        wait = max(0.0, op.next_deadline() - time.monotonic())
+        events = poller.poll(wait * 1000)
+        for fd in registered:
+            poller.unregister(fd)
+        for fd, ev in events:
+            if ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                if fd in op.want_read():
+                    op.on_readable(fd)
+            if ev & (select.POLLOUT | select.POLLERR) and fd in op.want_write():
+                op.on_writable(fd)
+        op.on_time(time.monotonic())
+
+
+class AsyncSandbox:
+    """The asyncio face of Sandbox: ``async with AsyncSandbox(spec) as sb: await sb.exec(...)``.
+
+    Many sandboxes can be driven from one event loop; one exec at a time per sandbox.
+    """
+
+    def __init__(self, spec: SandboxSpec | None = None):
+        self._core = _Core(spec or SandboxSpec())
+        self._lock = asyncio.Lock()
+        self._started = False
+
+    async def start(self) -> "AsyncSandbox":
+        core = self._core
+        core.start()
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        fd = core.sock.fileno()
+        loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            await asyncio.wait_for(ready, SETUP_TIMEOUT)
+        except BaseException as exc:
+            loop.remove_reader(fd)
+            await loop.run_in_executor(None, core.destroy)
+            if isinstance(exc, asyncio.TimeoutError):
+                raise SandboxError(
+                    f"karotte-init did not get ready within {SETUP_TIMEOUT:.0f} s") from None
+            raise
+        loop.remove_reader(fd)
+        core.finish_start(*core.recv_with_fds())
+        self._started = True
+        return self
+
+    @property
+    def spec(self) -> SandboxSpec:
+        return self._core.spec
+
+    @property
+    def workspace_fd(self) -> int:
+        return self._core.workspace_fd
+
+    @property
+    def cgroup(self) -> cgroups.Cgroup:
+        return self._core.cgroup
+
+    async def exec(self, argv: Sequence[str] | str, *, stdin: bytes | str = b"",
+                   timeout: float | None = None, env: Mapping[str, str] | None = None,
+                   cwd: str | None = None) -> ExecResult:
+        async with self._lock:
+            op = self._core.begin_exec(argv, stdin, timeout, env, cwd)
+            try:
+                await _drive_async(op)
+            except BaseException:
+                op.abandon()
+                self._core.signal(op.id, signal.SIGKILL)
+                raise
+            return self._core.end_exec(op)
+
+    async def kill_all(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self._core.kill_all)
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self._core.destroy)
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        if not self._started:
+            await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+async def _drive_async(op: _ExecOp) -> None:
+    loop = asyncio.get_running_loop()
+    while not op.done:
+        woke = loop.create_future()
+        ready: list[tuple[int, bool]] = []
+
+        def wake(fd: int, is_read: bool) -> None:
+            ready.append((fd, is_read))
+            if not woke.done():
+                woke.set_result(None)
+
+        reads, writes = op.want_read(), op.want_write()
+        for fd in reads:
+            loop.add_reader(fd, wake, fd, True)
+        for fd in writes:
+            loop.add_writer(fd, wake, fd, False)
+        timer = loop.call_at(loop.time() + max(0.0, op.next_deadline() - time.monotonic()),
+                             lambda: woke.done() or woke.set_result(None))
+        try:
+            await woke
+        finally:
+            timer.cancel()
+            for fd in reads:
+                loop.remove_reader(fd)
+            for fd in writes:
+                loop.remove_writer(fd)
+        for fd, is_read in ready:
+            if is_read and fd in op.want_read():
+                op.on_readable(fd)
+            elif not is_read and fd in op.want_write():
+                op.on_writable(fd)
+        op.on_time(time.monotonic())
