@@ -21,7 +21,7 @@ import socket
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from . import cgroups, mounts, native
 from . import protocol as p
@@ -155,8 +155,11 @@ class _ExecOp:
     readiness and the passing of time. It owns the host ends of the three pipes."""
 
     def __init__(self, core: "_Core", exec_id: int, argv: list[str], stdin: bytes,
-                 timeout: float, env: Mapping[str, str], cwd: str):
+                 timeout: float, env: Mapping[str, str], cwd: str,
+                 on_output: Callable[[int, bytes], None] | None = None,
+                 terminal_fd: int | None = None):
         self.core = core
+        self.on_output = on_output
         self.id = exec_id
         self.timeout = timeout
         self.out = _Capture(core.spec.output_limit)
@@ -169,26 +172,33 @@ class _ExecOp:
         self.drain_deadline: float | None = None
         self.init_died = False
 
-        in_r, in_w = os.pipe2(os.O_CLOEXEC)
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        for fd in (in_w, out_r, err_r):
-            os.set_blocking(fd, False)
-        self.readers = {out_r: self.out, err_r: self.err}
-        self.stdin_fd: int | None = in_w
-        try:
-            msg = p.Message(p.EXEC, exec_id)
-            msg.strings(p.T_ARGV, argv)
-            msg.strings(p.T_ENV, [f"{k}={v}" for k, v in env.items()])
-            msg.string(p.T_CWD, cwd)
-            core.send(msg.to_bytes(), [in_r, out_w, err_w])
-        except BaseException:
+        msg = p.Message(p.EXEC, exec_id)
+        msg.strings(p.T_ARGV, argv)
+        msg.strings(p.T_ENV, [f"{k}={v}" for k, v in env.items()])
+        msg.string(p.T_CWD, cwd)
+        self.readers: dict[int, _Capture] = {}
+        self.stdin_fd: int | None = None
+        if terminal_fd is not None:
+            # The caller relays the terminal; the command gets it as its controlling tty.
+            msg.record(p.T_TTY)
+            core.send(msg.to_bytes(), [terminal_fd] * 3)
+        else:
+            in_r, in_w = os.pipe2(os.O_CLOEXEC)
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            err_r, err_w = os.pipe2(os.O_CLOEXEC)
             for fd in (in_w, out_r, err_r):
-                os.close(fd)
-            raise
-        finally:
-            for fd in (in_r, out_w, err_w):
-                os.close(fd)
+                os.set_blocking(fd, False)
+            try:
+                core.send(msg.to_bytes(), [in_r, out_w, err_w])
+            except BaseException:
+                for fd in (in_w, out_r, err_r):
+                    os.close(fd)
+                raise
+            finally:
+                for fd in (in_r, out_w, err_w):
+                    os.close(fd)
+            self.readers = {out_r: self.out, err_r: self.err}
+            self.stdin_fd = in_w
         if not self.stdin:
             self._close_stdin()
         self.start = time.monotonic()
@@ -233,6 +243,8 @@ class _ExecOp:
             return
         if data:
             capture.feed(data)
+            if self.on_output is not None:
+                self.on_output(1 if capture is self.out else 2, data)
         else:
             self._close_reader(fd)
 
@@ -446,7 +458,8 @@ class _Core:
 
     # -- exec
 
-    def begin_exec(self, argv, stdin, timeout, env, cwd) -> _ExecOp:
+    def begin_exec(self, argv, stdin, timeout, env, cwd, on_output=None,
+                   terminal_fd=None) -> _ExecOp:
         if self.closed:
             raise SandboxClosed("the sandbox is closed")
         if self.broken:
@@ -469,7 +482,7 @@ class _Core:
         exec_id = self._next_id
         self._next_id += 1
         return _ExecOp(self, exec_id, argv, stdin or b"", timeout, full_env,
-                       cwd or mounts.WORKSPACE)
+                       cwd or mounts.WORKSPACE, on_output, terminal_fd)
 
     def end_exec(self, op: _ExecOp) -> ExecResult:
         peak = oom = None
@@ -558,9 +571,16 @@ class Sandbox:
 
     def exec(self, argv: Sequence[str] | str, *, stdin: bytes | str = b"",
              timeout: float | None = None, env: Mapping[str, str] | None = None,
-             cwd: str | None = None) -> ExecResult:
-        """Run a command as the agent and wait for it; a string runs under /bin/sh -c."""
-        op = self._core.begin_exec(argv, stdin, timeout, env, cwd)
+             cwd: str | None = None,
+             on_output: Callable[[int, bytes], None] | None = None,
+             terminal_fd: int | None = None) -> ExecResult:
+        """Run a command as the agent and wait for it; a string runs under /bin/sh -c.
+
+        on_output(stream, data) sees output as it arrives (stream 1 or 2); the result
+        still keeps the first output_limit bytes of each. With terminal_fd (a pty
+        slave) the command runs on that terminal and the caller relays it.
+        """
+        op = self._core.begin_exec(argv, stdin, timeout, env, cwd, on_output, terminal_fd)
         try:
             _drive_sync(op)
         except BaseException:
@@ -652,9 +672,11 @@ class AsyncSandbox:
 
     async def exec(self, argv: Sequence[str] | str, *, stdin: bytes | str = b"",
                    timeout: float | None = None, env: Mapping[str, str] | None = None,
-                   cwd: str | None = None) -> ExecResult:
+                   cwd: str | None = None,
+                   on_output: Callable[[int, bytes], None] | None = None) -> ExecResult:
+        """As Sandbox.exec; concurrent calls on one sandbox run one after another."""
         async with self._lock:
-            op = self._core.begin_exec(argv, stdin, timeout, env, cwd)
+            op = self._core.begin_exec(argv, stdin, timeout, env, cwd, on_output)
             try:
                 await _drive_async(op)
             except BaseException:
