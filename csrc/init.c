@@ -42,7 +42,9 @@
 #include "protocol.h"
 
 #define CTL_FD 3
-#define NEWROOT "/tmp" /* staging point in the private mount namespace; see setup_root */
+#define STAGING "/tmp"     /* where the staging tmpfs is mounted first; see apply_config */
+#define NEWROOT "/newroot" /* the sandbox's root while it is built, inside the staging root */
+#define OLDROOT "/oldroot" /* the host's tree while the sandbox's root is built */
 #define MAX_EXECS 64
 #define MAX_RLIMITS 16
 
@@ -292,7 +294,12 @@ static void do_mount(const struct kp_mount *m, const char *src, const char *dst,
 
     switch (m->op) {
     case KM_BIND: {
-        if (stat(src, &st) < 0) {
+        char source[4096];
+        if (snprintf(source, sizeof(source), "%s%s", OLDROOT, src) >= (int)sizeof(source)) {
+            errno = ENAMETOOLONG;
+            setup_fail("bind source %s", src);
+        }
+        if (stat(source, &st) < 0) {
             if ((m->flags & KMF_OPTIONAL) && errno == ENOENT)
                 return;
             setup_fail("bind source %s", src);
@@ -306,7 +313,7 @@ static void do_mount(const struct kp_mount *m, const char *src, const char *dst,
                 setup_fail("bind target %s", dst);
             close(fd);
         }
-        if (mount(src, target, NULL, MS_BIND | MS_REC, NULL) < 0)
+        if (mount(source, target, NULL, MS_BIND | MS_REC, NULL) < 0)
             setup_fail("bind %s -> %s", src, dst);
         uint64_t attrs = MOUNT_ATTR_NOSUID;
         /* Device nodes need device access on their own bind; every other mount is nodev
@@ -393,8 +400,18 @@ static void apply_config(const char *msg, size_t len)
      * so nothing we do propagates back to the host's mounts. */
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
         setup_fail("make / private");
-    /* The new root is a tmpfs mounted over /tmp of the (private copy of the) host
-     * tree. Not /proc: a fresh proc mount needs the existing one fully visible. */
+    /* A staging tmpfs becomes the root, with the host's tree moved to /oldroot, so
+     * bind sources are reachable under /oldroot whatever their path (had we mounted
+     * the new root over a host directory, that directory could not be bound). The
+     * sandbox's real root is another tmpfs at /newroot inside it. */
+    if (mount("tmpfs", STAGING, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,nr_inodes=16,mode=0755") < 0)
+        setup_fail("staging tmpfs");
+    if (chdir(STAGING) < 0 || mkdir("." NEWROOT, 0755) < 0 || mkdir("." OLDROOT, 0755) < 0)
+        setup_fail("staging directories");
+    if (syscall(SYS_pivot_root, ".", "." OLDROOT) < 0)
+        setup_fail("pivot_root into the staging tmpfs");
+    if (chdir("/") < 0)
+        setup_fail("chdir /");
     if (mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,nr_inodes=4096,mode=0755") < 0)
         setup_fail("tmpfs for the new root");
 
@@ -459,15 +476,17 @@ bad:
 
 static void enter_root(void)
 {
-    /* pivot_root(".", ".") stacks the old root under the new one; the detach then
-     * drops every host mount from this namespace. chdir("/") after it closes the
-     * classic escape through a cwd left in the old root. */
+    /* Drop the host's tree, then pivot into the sandbox's root: pivot_root(".", ".")
+     * stacks the staging root under it and the detach drops that too. chdir("/")
+     * after it closes the classic escape through a cwd left in an old root. */
+    if (umount2(OLDROOT, MNT_DETACH) < 0)
+        setup_fail("detach the host's tree");
     if (chdir(NEWROOT) < 0)
         setup_fail("chdir new root");
     if (syscall(SYS_pivot_root, ".", ".") < 0)
         setup_fail("pivot_root");
     if (umount2(".", MNT_DETACH) < 0)
-        setup_fail("detach the old root");
+        setup_fail("detach the staging root");
     if (chdir("/") < 0)
         setup_fail("chdir /");
     /* The root directory itself is read-only; writable places are their own mounts. */
@@ -508,6 +527,11 @@ static void __attribute__((noreturn)) agent_child(char **argv, char **envp, cons
     char map[64];
 
     sigemptyset(&none);
+    /* init may be exempt from the OOM killer (the host sets it when it can); the
+     * agent must not inherit that, or an OOM could find nothing to kill. */
+    step = "reset oom_score_adj";
+    if (write_proc_self("oom_score_adj", "0") < 0)
+        goto fail;
     step = "reset signal mask";
     if (sigprocmask(SIG_SETMASK, &none, NULL) < 0)
         goto fail;

@@ -122,7 +122,10 @@ def _setup_error(reply: p.Reply) -> SandboxError:
     err = reply.u32(p.T_ERRNO)
     what = reply.text(p.T_WHAT)
     hint = ""
-    if err == errno.EPERM and ("mount" in what or "proc" in what):
+    if err == errno.EACCES and what.startswith("bind source"):
+        hint = (" (the sandbox is built by an unprivileged host uid, so a bind source must be "
+                "readable, and its parents searchable, by others: chmod o+rx, or bind a copy)")
+    elif err == errno.EPERM and ("mount" in what or "proc" in what):
         hint = (" (the kernel refused a mount inside the user namespace: a container or "
                 "LSM policy may forbid it; run `karotte-sandbox check`)")
     return SandboxError(f"sandbox setup failed at '{what}': {os.strerror(err)}{hint}")
@@ -385,6 +388,13 @@ class _Core:
             _write_proc(self.pid, "gid_map", ident.gid_map)
             if self.cgroup.clone_fd() is None:
                 self.cgroup.add(self.pid)
+            try:
+                # An OOM in the sandbox should kill the agent's processes, not its init
+                # (which resets this for every command it starts). Needs CAP_SYS_RESOURCE;
+                # without it init stays a candidate, the smallest one.
+                _write_proc(self.pid, "oom_score_adj", "-1000")
+            except PermissionError:
+                pass
             self.send(p.Message(p.GO).to_bytes(), [])
             self.send(_config_message(spec, ident), [])
         except BaseException:

@@ -1,0 +1,78 @@
+"""Shared fixtures: real sandboxes, and a check that a test left nothing on the host."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from karotte.sandbox import Sandbox
+from karotte.spec import MiB, SandboxSpec
+
+PYTHON_IN_SANDBOX = "/usr/bin/python3"  # the host's system Python, bound read-only
+
+
+def karotte_cgroups() -> set[str]:
+    """Every karotte-* cgroup directory on the host (v1 hierarchies and v2)."""
+    found = set()
+    for top in ("/sys/fs/cgroup",):
+        for root, dirs, _files in os.walk(top):
+            if root.count("/") > 8:
+                dirs[:] = []
+                continue
+            for d in dirs:
+                if d.startswith("karotte-"):
+                    found.add(os.path.join(root, d))
+    return found
+
+
+def open_fds() -> set[int]:
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+def child_inits() -> list[psutil.Process]:
+    return [c for c in psutil.Process().children(recursive=True)
+            if c.name() == "karotte-init"]
+
+
+@pytest.fixture
+def no_leaks():
+    """Asserts that the test left no sandbox cgroup, fd, init process or mount behind."""
+    cgroups_before = karotte_cgroups()
+    fds_before = open_fds()
+    with open("/proc/self/mountinfo") as f:
+        mounts_before = f.read()
+    yield
+    assert karotte_cgroups() - cgroups_before == set(), "sandbox cgroups left on the host"
+    assert child_inits() == [], "karotte-init processes left running"
+    leaked = open_fds() - fds_before
+    assert leaked == set(), f"fds left open: {[os.readlink(f'/proc/self/fd/{fd}') for fd in leaked if os.path.exists(f'/proc/self/fd/{fd}')]}"
+    with open("/proc/self/mountinfo") as f:
+        assert f.read() == mounts_before, "the host's mount table changed"
+
+
+@pytest.fixture
+def sandbox(no_leaks):
+    with Sandbox(SandboxSpec()) as sb:
+        yield sb
+
+
+@pytest.fixture
+def small_sandbox(no_leaks):
+    """A sandbox with small limits, for resource attacks."""
+    with Sandbox(SandboxSpec(memory=128 * MiB, pids=64, disk=64 * MiB, inodes=4096,
+                             tmp_size=32 * MiB, timeout=20)) as sb:
+        yield sb
+
+
+def py(code: str) -> list[str]:
+    """argv running a Python snippet inside the sandbox."""
+    return [PYTHON_IN_SANDBOX, "-I", "-c", code]
+
+
+def run_karotte_sandbox(*args: str, input: bytes | None = None,
+                        timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "karotte.cli.sandbox", *args], input=input,
+                          capture_output=True, timeout=timeout)

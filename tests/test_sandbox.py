@@ -1,0 +1,292 @@
+"""The sandbox's behaviour: identity, isolation, exec results, state, cleanup."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import stat
+import time
+
+import shutil
+import tempfile
+
+import psutil
+import pytest
+
+from conftest import child_inits, karotte_cgroups, py
+from karotte.errors import SandboxClosed, SandboxError
+from karotte.sandbox import DEFAULT_UID_BASE, AGENT_UID, AsyncSandbox, Sandbox
+from karotte.spec import Bind, MiB, SandboxSpec
+
+NAMESPACES = ("user", "pid", "mnt", "net", "ipc", "uts", "cgroup")
+
+
+def status_fields(sb: Sandbox) -> dict[str, str]:
+    out = sb.exec(["cat", "/proc/self/status"]).stdout.decode()
+    return dict(line.split(":\t", 1) for line in out.splitlines() if ":\t" in line)
+
+
+def test_agent_runs_as_uid_1000_without_capabilities_with_no_new_privs_and_seccomp(sandbox):
+    r = sandbox.exec(["id"])
+    assert r.stdout == b"uid=1000(agent) gid=1000(agent) groups=1000(agent)\n"
+    st = status_fields(sandbox)
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(st[cap], 16) == 0, f"{cap} is {st[cap]}"
+    assert st["NoNewPrivs"].strip() == "1"
+    assert st["Seccomp"].strip() == "2"  # filter mode
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid range is mapped only for root callers")
+def test_agent_is_an_unprivileged_host_uid_never_root_or_the_caller(sandbox):
+    r = sandbox.exec("sleep 30 & echo started")
+    assert r.stdout == b"started\n"
+    host_pids = [pid for pid in sandbox.cgroup.pids() if pid != sandbox.init_pid]
+    assert host_pids, "the background sleep is not in the sandbox's cgroup"
+    for pid in host_pids:
+        uids = psutil.Process(pid).uids()
+        assert set(uids) == {DEFAULT_UID_BASE + AGENT_UID}
+    init_uids = psutil.Process(sandbox.init_pid).uids()
+    assert set(init_uids) == {DEFAULT_UID_BASE}, "init must not be host root either"
+
+
+def test_every_namespace_is_new(sandbox):
+    inside = sandbox.exec(["sh", "-c", "for n in " + " ".join(NAMESPACES)
+                           + "; do readlink /proc/self/ns/$n; done"]).stdout.decode().split()
+    outside = [os.readlink(f"/proc/self/ns/{n}") for n in NAMESPACES]
+    assert len(inside) == len(NAMESPACES)
+    for name, a, b in zip(NAMESPACES, inside, outside):
+        assert a != b, f"{name} namespace is shared with the host"
+
+
+def test_hostname_is_fixed_and_only_loopback_exists(sandbox):
+    assert sandbox.exec(["hostname"]).stdout == b"karotte\n"
+    devs = sandbox.exec(["cat", "/proc/net/dev"]).stdout.decode().splitlines()[2:]
+    assert [line.split(":")[0].strip() for line in devs] == ["lo"]
+
+
+def test_root_is_read_only_and_only_the_scratch_mounts_are_writable(sandbox):
+    script = """
+import os, errno
+res = {}
+for p in ["/usr/karotte-probe", "/etc/karotte-probe", "/karotte-probe", "/dev/karotte-probe",
+          "/workspace/f", "/tmp/f", "/home/agent/f", "/dev/shm/f"]:
+    try:
+        open(p, "w").close(); res[p] = "ok"
+    except OSError as e:
+        res[p] = errno.errorcode[e.errno]
+print(res)
+"""
+    res = eval(sandbox.exec(py(script)).stdout)
+    for p in ("/usr/karotte-probe", "/etc/karotte-probe", "/karotte-probe", "/dev/karotte-probe"):
+        assert res[p] in ("EROFS", "EACCES"), (p, res[p])
+    for p in ("/workspace/f", "/tmp/f", "/home/agent/f", "/dev/shm/f"):
+        assert res[p] == "ok", (p, res[p])
+
+
+def test_every_mount_is_nosuid_and_nodev_except_the_device_nodes(sandbox):
+    lines = sandbox.exec(["cat", "/proc/self/mountinfo"]).stdout.decode().splitlines()
+    devices = {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"}
+    assert lines
+    for line in lines:
+        fields = line.split()
+        point, opts = fields[4], fields[5].split(",")
+        assert "nosuid" in opts, line
+        if point not in devices and point != "/dev/pts":
+            assert "nodev" in opts, line
+
+
+def test_nothing_of_the_host_is_mounted_beyond_the_userland(sandbox):
+    points = {line.split()[4] for line in
+              sandbox.exec(["cat", "/proc/self/mountinfo"]).stdout.decode().splitlines()}
+    allowed_prefixes = ("/usr", "/etc/", "/dev", "/proc", "/tmp", "/workspace", "/home/agent")
+    for point in points - {"/"}:
+        assert point.startswith(allowed_prefixes), f"unexpected mount {point}"
+
+
+def test_only_fds_0_to_2_are_open_in_the_agent(sandbox):
+    r = sandbox.exec(py("import os; print(sorted(int(f) for f in os.listdir('/proc/self/fd')))"))
+    fds = json.loads(r.stdout)
+    # listdir holds one fd of its own while it reads the directory
+    assert fds[:3] == [0, 1, 2] and len(fds) <= 4, fds
+
+
+def test_command_runs_in_its_own_session_without_a_terminal(sandbox):
+    r = sandbox.exec(py("import os; print(os.getsid(0) == os.getpid(), os.isatty(0))"))
+    assert r.stdout == b"True False\n"
+    assert sandbox.exec(["tty"]).stdout == b"not a tty\n"
+
+
+def test_files_cwd_env_and_background_processes_persist_between_execs(sandbox):
+    assert sandbox.exec("echo hello > note.txt; sleep 60 & echo $! > pid").exit_code == 0
+    r = sandbox.exec("cat note.txt; kill -0 $(cat pid) && echo running")
+    assert r.stdout == b"hello\nrunning\n"
+    assert sandbox.exec(["pwd"]).stdout == b"/workspace\n"
+    assert sandbox.exec(["pwd"], cwd="/tmp").stdout == b"/tmp\n"
+    r = sandbox.exec(["sh", "-c", "echo $FOO $HOME $PATH"], env={"FOO": "bar"})
+    assert r.stdout.split()[:2] == [b"bar", b"/home/agent"]
+
+
+def test_exit_code_signal_and_command_not_found_are_reported(sandbox):
+    assert sandbox.exec("exit 3").exit_code == 3
+    r = sandbox.exec("kill -SEGV $$")
+    assert r.exit_code is None and r.signal == signal.SIGSEGV
+    r = sandbox.exec(["no-such-command-anywhere"])
+    assert r.exit_code == 127 and r.error and "No such file" in r.error
+    assert b"no-such-command-anywhere" not in r.stdout
+
+
+def test_stdin_is_delivered_in_full(sandbox):
+    data = os.urandom(3 * MiB)
+    r = sandbox.exec(["sha256sum"], stdin=data)
+    assert r.stdout.split()[0].decode() == hashlib.sha256(data).hexdigest()
+
+
+def test_timeout_kills_the_command_and_the_sandbox_stays_usable(sandbox):
+    t = time.monotonic()
+    r = sandbox.exec(["sleep", "30"], timeout=0.5)
+    assert time.monotonic() - t < 5
+    assert r.timed_out and r.signal == signal.SIGKILL
+    assert sandbox.exec(["echo", "after"]).stdout == b"after\n"
+
+
+def test_timeout_also_ends_a_command_whose_children_hold_the_output_pipe(sandbox):
+    t = time.monotonic()
+    r = sandbox.exec("sleep 30 | cat", timeout=0.5)
+    assert r.timed_out and time.monotonic() - t < 5
+
+
+def test_exec_returns_promptly_when_a_background_job_keeps_stdout_open(sandbox):
+    t = time.monotonic()
+    r = sandbox.exec("sleep 30 & echo started")
+    assert r.exit_code == 0 and r.stdout == b"started\n"
+    assert time.monotonic() - t < 2
+
+
+def test_result_has_wall_cpu_and_peak_memory_measured_from_outside(sandbox):
+    r = sandbox.exec(py("x = bytearray(64 << 20)\nfor i in range(3000000): pass"))
+    assert r.exit_code == 0
+    assert r.cpu_seconds > 0.05
+    assert r.wall_seconds >= r.cpu_seconds * 0.5
+    assert r.peak_memory >= 64 * MiB
+
+
+def test_OUT_FLOOD_01_output_is_capped_and_host_memory_stays_bounded(no_leaks):
+    spec = SandboxSpec(output_limit=1 * MiB)
+    rss_before = psutil.Process().memory_info().rss
+    with Sandbox(spec) as sb:
+        r = sb.exec("head -c 300M /dev/zero; head -c 300M /dev/zero >&2; echo done >&2",
+                    timeout=60)
+    assert r.exit_code == 0
+    assert len(r.stdout) == 1 * MiB and r.stdout_truncated
+    assert len(r.stderr) == 1 * MiB and r.stderr_truncated
+    assert psutil.Process().memory_info().rss - rss_before < 64 * MiB
+
+
+@pytest.fixture
+def shared_dir():
+    """A host directory that others may read (pytest's tmp_path is private to root)."""
+    path = tempfile.mkdtemp(prefix="karotte-test-bind-")
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def test_binds_are_read_only_unless_asked(no_leaks, shared_dir):
+    with open(os.path.join(shared_dir, "data.txt"), "w") as f:
+        f.write("from the host")
+    spec = SandboxSpec(binds=(Bind(shared_dir, "/data"),))
+    with Sandbox(spec) as sb:
+        assert sb.exec(["cat", "/data/data.txt"]).stdout == b"from the host"
+        r = sb.exec(["touch", "/data/new"])
+        assert r.exit_code != 0 and b"Read-only" in r.stderr
+    assert not os.path.exists(os.path.join(shared_dir, "new"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a root-only directory")
+def test_bind_of_a_path_only_root_can_read_fails_with_the_cause(no_leaks, tmp_path):
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    with pytest.raises(SandboxError, match="Permission denied.*unprivileged host uid"):
+        Sandbox(SandboxSpec(binds=(Bind(str(private), "/data"),)))
+
+
+def test_workspace_fd_reaches_the_agents_files_from_the_host(sandbox):
+    sandbox.exec("echo result > answer.txt")
+    fd = os.open("answer.txt", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=sandbox.workspace_fd)
+    try:
+        assert os.read(fd, 100) == b"result\n"
+        assert stat.S_ISREG(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
+
+
+def test_exec_after_close_raises_a_clear_error(no_leaks):
+    sb = Sandbox()
+    sb.close()
+    with pytest.raises(SandboxClosed, match="closed"):
+        sb.exec(["true"])
+
+
+def test_context_manager_cleans_up_when_the_body_raises(no_leaks):
+    with pytest.raises(RuntimeError):
+        with Sandbox() as sb:
+            sb.exec("sleep 60 &")
+            raise RuntimeError("trainer bug")
+
+
+def test_kill_all_ends_every_process_and_confirms_the_cgroup_is_empty(no_leaks):
+    with Sandbox() as sb:
+        sb.exec("sleep 100 & (setsid sleep 100 &) ; trap '' TERM; sleep 100 &")
+        assert len(sb.cgroup.pids()) >= 4
+        sb.kill_all()
+        assert not sb.cgroup.populated()
+        with pytest.raises(SandboxClosed):
+            sb.exec(["true"])
+
+
+def test_async_sandboxes_run_concurrently_from_one_event_loop(no_leaks):
+    async def one(i: int) -> bytes:
+        async with AsyncSandbox(SandboxSpec(memory=64 * MiB)) as sb:
+            await sb.exec(f"echo {i} > n")
+            r = await sb.exec("sleep 0.3; cat n")
+            return r.stdout
+
+    async def main():
+        t = time.monotonic()
+        outs = await asyncio.gather(*(one(i) for i in range(40)))
+        return outs, time.monotonic() - t
+
+    outs, elapsed = asyncio.run(main())
+    assert outs == [f"{i}\n".encode() for i in range(40)]
+    assert elapsed < 40 * 0.3, "the sleeps did not overlap"
+
+
+def test_async_timeout_and_cancellation_leave_the_sandbox_usable(no_leaks):
+    async def main():
+        async with AsyncSandbox() as sb:
+            r = await sb.exec(["sleep", "30"], timeout=0.3)
+            assert r.timed_out
+            task = asyncio.ensure_future(sb.exec(["sleep", "30"]))
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return (await sb.exec(["echo", "ok"])).stdout
+
+    assert asyncio.run(main()) == b"ok\n"
+
+
+@pytest.mark.slow
+def test_1000_create_exec_destroy_cycles_leave_nothing_behind(no_leaks):
+    tmp_before = set(os.listdir("/tmp"))
+    procs_before = len(psutil.pids())
+    for i in range(1000):
+        with Sandbox(SandboxSpec(memory=64 * MiB)) as sb:
+            r = sb.exec(["sh", "-c", f"echo {i} > f; sleep 1000 & cat f"])
+            assert r.stdout == f"{i}\n".encode()
+    assert set(os.listdir("/tmp")) - tmp_before == set()
+    assert len(psutil.pids()) - procs_before < 5
+    assert child_inits() == []
+    assert karotte_cgroups() == set()
