@@ -14,8 +14,10 @@ from karotte.spec import MiB, SandboxSpec
 PYTHON_IN_SANDBOX = "/usr/bin/python3"  # the host's system Python, bound read-only
 
 
-def karotte_cgroups() -> set[str]:
-    """Every karotte-* cgroup directory on the host (v1 hierarchies and v2)."""
+def karotte_cgroups(creator: int | None = None) -> set[str]:
+    """karotte-* cgroup directories on the host (v1 hierarchies and v2) made by the
+    process `creator` (default: this one; other test runs may share the machine)."""
+    prefix = f"karotte-{creator or os.getpid()}."
     found = set()
     for top in ("/sys/fs/cgroup",):
         for root, dirs, _files in os.walk(top):
@@ -23,7 +25,7 @@ def karotte_cgroups() -> set[str]:
                 dirs[:] = []
                 continue
             for d in dirs:
-                if d.startswith("karotte-"):
+                if d.startswith(prefix):
                     found.add(os.path.join(root, d))
     return found
 

@@ -1,0 +1,386 @@
+"""Attacks from ../shared/redteam/ATTACKS.md that the sandbox layer alone must stop.
+
+Each test plants the attack as the agent would (commands inside a real sandbox) and
+asserts the entry's "must happen": the attack fails inside, the host is unaffected,
+and nothing of the sandbox is left running.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from pyroute2 import NetNS
+
+from conftest import py
+from karotte import cgroups, native
+from karotte.sandbox import Sandbox
+from karotte.spec import MiB, SandboxSpec
+
+# A syscall probe run inside the sandbox with ctypes: prints the errno name, or OK.
+SYSCALL_PROBE = """
+import ctypes, errno, json, sys
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+for name, nr, args in json.loads(sys.argv[1]):
+    ctypes.set_errno(0)
+    rc = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    out[name] = "OK" if rc >= 0 else errno.errorcode[ctypes.get_errno()]
+print(json.dumps(out))
+"""
+
+
+def syscalls(sb: Sandbox, calls: list[tuple[str, int, list[int]]]) -> dict[str, str]:
+    r = sb.exec(py(SYSCALL_PROBE) + [json.dumps(calls)])
+    assert r.exit_code == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def host_pids_of(sb: Sandbox) -> set[int]:
+    return set(sb.cgroup.pids())
+
+
+def assert_all_gone(pids: set[int]) -> None:
+    survivors = [pid for pid in pids if psutil.pid_exists(pid)]
+    assert survivors == [], f"survived the kill: {survivors}"
+
+
+# --------------------------------------------------------------------------- RES
+
+
+def test_RES_FORK_01_fork_bomb_hits_pids_max_and_kill_all_ends_it(small_sandbox):
+    host_procs = len(psutil.pids())
+    r = small_sandbox.exec(py("""
+import os, errno, time
+kids = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(60); os._exit(0)
+        kids += 1
+except OSError as e:
+    print(errno.errorcode[e.errno], kids)
+"""), timeout=20)
+    code, kids = r.stdout.split()
+    assert code == b"EAGAIN" and int(kids) < 64
+    assert len(psutil.pids()) - host_procs <= 64 + 5
+    # the classic shell bomb, left running in the background
+    small_sandbox.exec("bomb() { bomb | bomb & }; (bomb) >/dev/null 2>&1 &", timeout=5)
+    time.sleep(0.5)
+    pids = host_pids_of(small_sandbox)
+    assert 0 < len(pids) <= 64
+    small_sandbox.kill_all()
+    assert not small_sandbox.cgroup.populated()
+    assert_all_gone(pids)
+
+
+def test_RES_FORK_01_other_sandboxes_are_unaffected_by_a_fork_bomb(no_leaks):
+    spec = SandboxSpec(pids=32, timeout=10)
+    with Sandbox(spec) as bomber, Sandbox(spec) as neighbour:
+        bomber.exec("bomb() { bomb | bomb & }; (bomb) >/dev/null 2>&1 &", timeout=5)
+        time.sleep(0.3)
+        r = neighbour.exec(["sh", "-c", "for i in 1 2 3 4 5; do sleep 0.01 & done; wait; echo ok"])
+        assert r.stdout == b"ok\n"
+
+
+def test_RES_MEM_01_memory_bomb_is_oom_killed_inside_and_the_host_survives(small_sandbox):
+    r = small_sandbox.exec(py("b = bytearray(4 << 30)"), timeout=20)
+    assert r.signal == signal.SIGKILL and r.oom_killed
+    assert r.peak_memory <= 128 * MiB
+    r = small_sandbox.exec(py("import mmap; m = mmap.mmap(-1, 1 << 30); m.write(b'x' * (1 << 30))"),
+                           timeout=20)
+    assert r.signal == signal.SIGKILL and r.oom_killed
+    assert small_sandbox.exec(["echo", "alive"]).stdout == b"alive\n"
+
+
+def test_RES_MEM_01_tmpfs_and_shared_memory_count_against_the_memory_limit(no_leaks):
+    # /dev/shm alone would allow 256 MiB; memory.max of 96 MiB must stop it first.
+    spec = SandboxSpec(memory=96 * MiB, tmp_size=256 * MiB, timeout=20)
+    with Sandbox(spec) as sb:
+        r = sb.exec("dd if=/dev/zero of=/dev/shm/fill bs=1M count=200 2>&1; echo rc=$?")
+        assert b"rc=0" not in r.stdout or r.signal == signal.SIGKILL
+        assert sb.cgroup.memory_peak() <= 96 * MiB
+
+
+def test_FS_FILL_01_disk_fill_fails_inside_and_host_free_space_is_unchanged(small_sandbox):
+    free_before = shutil.disk_usage("/").free
+    r = small_sandbox.exec("dd if=/dev/zero of=/workspace/fill bs=1M count=200 2>&1; echo rc=$?")
+    out = r.stdout.decode()
+    assert "rc=0" not in out
+    assert "No space left" in out or "File too large" in out
+    r = small_sandbox.exec("fallocate -l 500G /workspace/huge 2>&1; echo rc=$?")
+    assert b"rc=0" not in r.stdout
+    r = small_sandbox.exec(py("""
+import errno
+try:
+    with open('/tmp/sparse', 'wb') as f:
+        f.seek(1 << 40); f.write(b'x')
+except OSError as e:
+    print(errno.errorcode[e.errno])
+"""))
+    assert r.stdout.strip() in (b"EFBIG", b"ENOSPC")
+    r = small_sandbox.exec(py("""
+import os, errno
+n = 0
+try:
+    while True:
+        open(f'/workspace/i{n}', 'w').close(); n += 1
+except OSError as e:
+    print(errno.errorcode[e.errno], n)
+"""), timeout=30)
+    code, n = r.stdout.split()
+    assert code == b"ENOSPC" and int(n) < 4096  # the inode limit
+    assert abs(shutil.disk_usage("/").free - free_before) < 32 * MiB
+
+
+# --------------------------------------------------------------------------- PROC
+
+
+@pytest.mark.parametrize("plant", [
+    "( setsid bash -c 'exec -a \"[kworker/0:1]\" sh -c \"while :; do sleep 1; done\"' & ) "
+    "</dev/null >/dev/null 2>&1",
+    "python3 -c \"import os,time; os.fork() and os._exit(0); os.setsid(); "
+    "os.fork() and os._exit(0); time.sleep(1e9)\" </dev/null >/dev/null 2>&1 &",
+    "sh -c 'trap \"\" TERM HUP INT; while :; do sleep 1; done' </dev/null >/dev/null 2>&1 &",
+    "sleep 1000 & kill -STOP $!",
+], ids=["setsid", "double-fork", "ignores-sigterm", "stopped"])
+def test_PROC_DAEMON_01_daemons_do_not_survive_kill_all(no_leaks, plant):
+    with Sandbox() as sb:
+        r = sb.exec(["bash", "-c", plant], timeout=10)
+        assert r.exit_code == 0, r.stderr
+        time.sleep(0.2)
+        pids = host_pids_of(sb) - {sb.init_pid}
+        assert pids, "the daemon did not start"
+        sb.kill_all()
+        assert not sb.cgroup.populated()
+        assert_all_gone(pids | {sb.init_pid})
+
+
+def test_PROC_PTRACE_01_ptrace_process_vm_and_proc_mem_are_denied(sandbox):
+    sandbox.exec("sleep 60 &")
+    res = syscalls(sandbox, [
+        ("ptrace_attach_init", 101, [16, 1, 0, 0]),  # PTRACE_ATTACH to pid 1
+        ("ptrace_traceme", 101, [0, 0, 0, 0]),
+        ("process_vm_readv", 310, [1, 0, 0, 0, 0, 0]),
+        ("process_vm_writev", 311, [1, 0, 0, 0, 0, 0]),
+    ])
+    assert res == {k: "EPERM" for k in res}
+    r = sandbox.exec(py("""
+import errno, os
+for p in ('/proc/1/mem', '/proc/1/environ', '/proc/1/root/', '/proc/1/exe', '/proc/1/fd/3'):
+    try:
+        os.open(p, os.O_RDONLY); print(p, 'OPEN')
+    except OSError as e:
+        print(p, errno.errorcode[e.errno])
+"""))
+    for line in r.stdout.decode().splitlines():
+        assert not line.endswith("OPEN"), line
+
+
+def test_PROC_LIMITS_01_agent_cannot_raise_limits_and_the_clock_is_held_outside(sandbox):
+    r = sandbox.exec("ulimit -Hn 1000000 2>&1; echo rc=$?")
+    assert b"rc=0" not in r.stdout
+    r = sandbox.exec(py("""
+import resource, errno
+try:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    print('raised')
+except (ValueError, OSError) as e:
+    print('refused')
+"""))
+    assert r.stdout == b"refused\n"
+    r = sandbox.exec("ls /sys/fs/cgroup 2>&1; echo max > /sys/fs/cgroup/pids.max 2>&1; echo rc=$?")
+    assert b"rc=0" not in r.stdout
+    t = time.monotonic()
+    r = sandbox.exec("trap '' TERM INT HUP; sleep 30", timeout=0.5)
+    assert r.timed_out and time.monotonic() - t < 5
+
+
+# --------------------------------------------------------------------------- LEAK
+
+
+def test_LEAK_PROC_01_proc_shows_only_the_sandbox_and_no_secrets(no_leaks, monkeypatch):
+    monkeypatch.setenv("KAROTTE_TEST_SECRET_TOKEN", "s3cr3t-value")
+    with Sandbox() as sb:
+        sb.exec("sleep 60 &")
+        r = sb.exec(py("import os; print(sorted(int(p) for p in os.listdir('/proc') "
+                       "if p.isdigit()))"))
+        visible = json.loads(r.stdout)
+        assert len(visible) == 3 and visible[0] == 1, visible  # init, the sleep, this python
+        assert sb.exec(["cat", "/proc/1/cmdline"]).stdout == b"karotte-init\0"
+        r = sb.exec("env; cat /proc/1/environ 2>&1; grep -r s3cr3t /proc/*/environ 2>/dev/null")
+        assert b"s3cr3t" not in r.stdout and b"KAROTTE_TEST_SECRET" not in r.stdout
+
+
+def test_LEAK_FS_01_host_files_outside_the_userland_are_invisible(no_leaks, tmp_path):
+    secret = tmp_path / "expected_answer.txt"
+    secret.write_text("42")
+    with Sandbox() as sb:
+        r = sb.exec(["sh", "-c", "find / -xdev \\( -iname '*expected*' -o -iname '*answer*' "
+                     "-o -iname 'solution*' \\) 2>/dev/null | grep -v ^/usr | head"])
+        assert r.stdout == b""
+        r = sb.exec(["sh", "-c", "ls /root /work /proc/1/root/ /proc/1/cwd/ 2>&1; "
+                     "cat /proc/self/mountinfo"])
+        assert str(tmp_path).encode() not in r.stdout
+        assert b"/work/main" not in r.stdout
+        assert b"pytest" not in r.stdout
+
+
+def test_LEAK_NET_01_only_loopback_dns_fails_and_connect_is_unreachable_at_once(sandbox):
+    r = sandbox.exec(py("""
+import errno, socket, time
+out = {}
+t = time.monotonic()
+for host in ('1.1.1.1', '172.17.0.1', '10.0.0.1'):
+    s = socket.socket(); s.settimeout(5)
+    try:
+        s.connect((host, 80)); out[host] = 'connected'
+    except OSError as e:
+        out[host] = errno.errorcode.get(e.errno, str(e))
+out['elapsed'] = time.monotonic() - t
+try:
+    socket.getaddrinfo('pypi.org', 443); out['dns'] = 'resolved'
+except OSError:
+    out['dns'] = 'failed'
+s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); c = socket.create_connection(s.getsockname())
+out['loopback'] = 'ok'
+print(out)
+"""))
+    out = eval(r.stdout)
+    for host in ("1.1.1.1", "172.17.0.1", "10.0.0.1"):
+        assert out[host] == "ENETUNREACH", out
+    assert out["elapsed"] < 1 and out["dns"] == "failed" and out["loopback"] == "ok"
+    with NetNS(f"/proc/{sandbox.init_pid}/ns/net") as ns:
+        links = [link.get_attr("IFLA_IFNAME") for link in ns.get_links()]
+    assert links == ["lo"]
+
+
+# --------------------------------------------------------------------------- ESC
+
+
+def test_ESC_TIOCSTI_01_terminal_injection_is_denied_on_pipes_and_on_a_pty(no_leaks):
+    probe = py("""
+import errno, fcntl, termios
+for name, cmd in (('TIOCSTI', termios.TIOCSTI), ('TIOCLINUX', 0x541C)):
+    try:
+        fcntl.ioctl(0, cmd, b'x'); print(name, 'OK')
+    except OSError as e:
+        print(name, errno.errorcode[e.errno])
+""")
+    with Sandbox() as sb:
+        assert sb.exec(probe).stdout == b"TIOCSTI EPERM\nTIOCLINUX EPERM\n"
+        master, slave = os.openpty()
+        try:
+            r = sb.exec(probe, terminal_fd=slave)
+            assert r.exit_code == 0
+            os.set_blocking(master, False)
+            out = b""
+            try:
+                while chunk := os.read(master, 4096):
+                    out += chunk
+            except (BlockingIOError, OSError):
+                pass
+            assert b"TIOCSTI EPERM" in out and b"TIOCLINUX EPERM" in out
+        finally:
+            os.close(master)
+            os.close(slave)
+
+
+def test_ESC_PROCEXE_01_no_host_binary_is_reachable_through_proc_exe(sandbox):
+    init_hash = hashlib.sha256(native.INIT_PATH.read_bytes()).hexdigest()
+    r = sandbox.exec(["sh", "-c", "ls -l /proc/*/exe 2>&1; echo x >> /proc/1/exe; echo rc=$?"])
+    out = r.stdout.decode()
+    assert "karotte-init" not in out.split("rc=")[0].replace("/proc/1/exe", "")
+    assert "rc=0" not in out
+    assert hashlib.sha256(native.INIT_PATH.read_bytes()).hexdigest() == init_hash
+
+
+def test_ESC_DOCKER_01_no_runtime_socket_and_no_route_to_one(sandbox):
+    r = sandbox.exec(["sh", "-c", "ls -l /var/run/docker.sock /run/containerd/containerd.sock "
+                     "/run/docker.sock 2>&1; echo rc=$?"])
+    assert b"No such file" in r.stdout and b"rc=0" not in r.stdout
+
+
+def test_ESC_IOURING_01_io_uring_is_denied(sandbox):
+    res = syscalls(sandbox, [("io_uring_setup", 425, [8, 0]), ("io_uring_enter", 426, [0] * 6),
+                             ("io_uring_register", 427, [0, 0, 0, 0])])
+    assert set(res.values()) <= {"EPERM", "ENOSYS"}, res
+
+
+def test_ESC_USERNS_01_nested_namespaces_cannot_be_created(sandbox):
+    res = syscalls(sandbox, [
+        ("unshare_user", 272, [0x10000000]),
+        ("unshare_net", 272, [0x40000000]),
+        ("unshare_mount", 272, [0x00020000]),
+        ("clone_newuser", 56, [0x10000000 | 17, 0, 0, 0, 0]),
+        ("clone3", 435, [0, 0]),
+        ("setns", 308, [0, 0]),
+    ])
+    assert res.pop("clone3") == "ENOSYS"
+    assert res == {k: "EPERM" for k in res}, res
+    r = sandbox.exec("unshare -Ur id 2>&1; echo rc=$?")
+    assert b"rc=0" not in r.stdout
+
+
+def test_ESC_PERF_01_perf_event_open_is_denied(sandbox):
+    assert syscalls(sandbox, [("perf_event_open", 298, [0, 0, -1, -1, 0])]) == {
+        "perf_event_open": "EPERM"}
+
+
+def test_ESC_UFFD_01_userfaultfd_is_denied(sandbox):
+    assert syscalls(sandbox, [("userfaultfd", 323, [0])]) == {"userfaultfd": "EPERM"}
+
+
+def test_FS_SPECIAL_01_no_device_nodes_or_mounts_can_be_made(sandbox):
+    res = syscalls(sandbox, [("mount_tmpfs", 165, [0, 0, 0, 0, 0]),
+                             ("fsopen", 430, [0, 0]), ("pivot_root", 155, [0, 0]),
+                             ("chroot", 161, [0])])
+    assert res == {k: "EPERM" for k in res}, res
+    r = sandbox.exec("mknod /workspace/sda b 8 0 2>&1; mkfifo /workspace/ok && echo fifo-ok; "
+                     "ls /dev/fuse 2>&1")
+    assert b"Operation not permitted" in r.stdout
+    assert b"No such file" in r.stdout
+
+
+# --------------------------------------------------------------------------- host death
+
+
+HOST_SCRIPT = """
+import json, sys, time
+from karotte.sandbox import Sandbox
+boxes = [Sandbox() for _ in range(3)]
+for b in boxes:
+    b.exec("sleep 1000 & (setsid sleep 1000 &)")
+print(json.dumps({"inits": [b.init_pid for b in boxes],
+                  "pids": [b.cgroup.pids() for b in boxes]}), flush=True)
+time.sleep(1000)
+"""
+
+
+def test_sigkill_of_the_host_process_takes_its_sandboxes_down_and_gc_cleans_up(no_leaks):
+    host = subprocess.Popen([sys.executable, "-c", HOST_SCRIPT], stdout=subprocess.PIPE)
+    try:
+        info = json.loads(host.stdout.readline())
+    finally:
+        host.kill()
+        host.wait()
+    host.stdout.close()
+    pids = {pid for group in info["pids"] for pid in group} | set(info["inits"])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+        time.sleep(0.05)
+    assert not any(psutil.pid_exists(p) for p in pids), "sandbox processes outlived their host"
+    stale = cgroups.find_stale()
+    assert stale, "the crashed host's cgroups should be found as stale"
+    r = subprocess.run([sys.executable, "-m", "karotte.cli.sandbox", "gc"], capture_output=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert b"removed cgroup" in r.stdout
+    assert cgroups.find_stale() == []
