@@ -25,7 +25,7 @@ from typing import Callable, Mapping, Sequence
 
 from . import cgroups, mounts, native
 from . import protocol as p
-from .errors import HostUnsupported, SandboxClosed, SandboxError
+from .errors import CgroupError, HostUnsupported, SandboxClosed, SandboxError
 from .seccomp import compile_policy
 from .spec import SandboxSpec
 
@@ -357,10 +357,9 @@ class _Core:
     def start(self) -> None:
         spec = self.spec
         try:
-            self.cgroup = cgroups.create(
-                cgroups.leaf_name(),
-                cgroups.CgroupLimits(memory=spec.memory, pids=spec.pids, cpus=spec.cpus))
-            if not self.cgroup.swap_enforced and "cgroup-swap" not in spec.allow_degraded:
+            self.cgroup = self._make_cgroup()
+            if (self.cgroup is not None and not self.cgroup.swap_enforced
+                    and "cgroup-swap" not in spec.allow_degraded):
                 raise HostUnsupported(
                     "cgroup-swap", "this host's memory cgroup cannot forbid swap "
                     "(no memory.memsw.* files: boot with swapaccount=1, or turn swap off); "
@@ -376,7 +375,7 @@ class _Core:
                     child = socket.socket(fileno=child_fd)
                 try:
                     self.pid, self.pidfd, self._spawn_args = native.spawn_init(
-                        child.fileno(), self.cgroup.clone_fd())
+                        child.fileno(), self.cgroup and self.cgroup.clone_fd())
                 except OSError as exc:
                     raise _spawn_error(exc) from exc
             finally:
@@ -386,7 +385,7 @@ class _Core:
                 _write_proc(self.pid, "setgroups", "deny")
             _write_proc(self.pid, "uid_map", ident.uid_map)
             _write_proc(self.pid, "gid_map", ident.gid_map)
-            if self.cgroup.clone_fd() is None:
+            if self.cgroup is not None and self.cgroup.clone_fd() is None:
                 self.cgroup.add(self.pid)
             try:
                 # An OOM in the sandbox should kill the agent's processes, not its init
@@ -400,6 +399,19 @@ class _Core:
         except BaseException:
             self.destroy()
             raise
+
+    def _make_cgroup(self) -> cgroups.Cgroup | None:
+        spec = self.spec
+        try:
+            return cgroups.create(
+                cgroups.leaf_name(),
+                cgroups.CgroupLimits(memory=spec.memory, pids=spec.pids, cpus=spec.cpus))
+        except (HostUnsupported, CgroupError) as exc:
+            if "cgroups" in spec.allow_degraded:
+                return None  # the caller accepted: no memory, pids or CPU limit
+            raise HostUnsupported(
+                "cgroups", f"{exc}. Without a cgroup the sandbox has no memory, process or "
+                "CPU limit; pass allow_degraded={'cgroups'} to run without one") from exc
 
     def finish_start(self, reply: p.Reply | None, fds: list[int]) -> None:
         self._spawn_args = None  # init has exec'd (or died): its arguments may go
@@ -487,26 +499,29 @@ class _Core:
         timeout = self.spec.timeout if timeout is None else float(timeout)
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
-        self.cgroup.reset_memory_peak()
-        self._oom_before = self.cgroup.oom_kills()
+        if self.cgroup is not None:
+            self.cgroup.reset_memory_peak()
+            self._oom_before = self.cgroup.oom_kills()
         exec_id = self._next_id
         self._next_id += 1
         return _ExecOp(self, exec_id, argv, stdin or b"", timeout, full_env,
                        cwd or mounts.WORKSPACE, on_output, terminal_fd)
 
     def end_exec(self, op: _ExecOp) -> ExecResult:
-        peak = oom = None
-        try:
+        peak, oom = None, False
+        if self.cgroup is not None:
             peak = self.cgroup.memory_peak()
             oom = self.cgroup.oom_kills() > self._oom_before
-        except OSError:
-            pass
-        return op.result(peak, bool(oom))
+        return op.result(peak, oom)
 
     # -- teardown
 
     def kill_all(self) -> None:
-        """Kill every process of the sandbox, init included, and confirm none is left."""
+        """Kill every process of the sandbox, init included, and confirm none is left.
+
+        The cgroup kill is atomic against racing forks. Then init: the kernel reaps
+        init only after every other process of its PID namespace is gone, so the
+        waitid below returning is the confirmation even without a cgroup."""
         if self.cgroup is not None:
             self.cgroup.kill_all()
         if self.pidfd is not None:
