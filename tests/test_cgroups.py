@@ -167,6 +167,28 @@ def test_limits_are_validated():
             CgroupLimits(**bad)
 
 
+def test_mountinfo_co_mounted_cpu_cpuacct_and_escaped_paths_are_understood():
+    # Other hosts co-mount cpu and cpuacct; mount points with spaces come octal-escaped.
+    text = (
+        "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct\n"
+        "33 31 0:30 /lxc/c1 /sys/fs/cgroup/my\\040mem rw - cgroup cgroup rw,memory\n"
+        "34 31 0:29 / /mnt/again rw - cgroup cgroup rw,cpu,cpuacct\n"
+        "35 31 0:31 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,xattr,name=systemd\n"
+        "36 31 0:32 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw,nsdelegate\n"
+        "37 23 0:5 / /dev rw - devtmpfs udev rw\n")
+    known = frozenset({"cpu", "cpuacct", "memory", "pids", "freezer"})
+    mounts = {m.point: m for m in cgroups._parse_mountinfo(text, known)}
+    assert set(mounts) == {"/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/my mem",
+                           "/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified"}
+    assert mounts["/sys/fs/cgroup/cpu,cpuacct"].controllers == {"cpu", "cpuacct"}
+    assert mounts["/sys/fs/cgroup/systemd"].controllers == set()
+    assert mounts["/sys/fs/cgroup/unified"].fstype == "cgroup2"
+    mem = mounts["/sys/fs/cgroup/my mem"]
+    assert mem.dir_of("/lxc/c1/job") == "/sys/fs/cgroup/my mem/job"
+    with pytest.raises(CgroupError, match="outside"):
+        mem.dir_of("/other")
+
+
 # --------------------------------------------------------------------------- names and errors
 
 @pytest.mark.parametrize("name", ["sandbox-1", "karotte-", "karotte-a/b", "karotte-..",
@@ -225,8 +247,8 @@ def test_limits_are_written_to_the_kernel(lab):
         assert read("memory.limit_in_bytes") == str(96 * MiB)
         assert read("cpu.cfs_quota_us") == "25000"
         assert read("cpu.cfs_period_us") == "100000"
-        assert cg.swap_enforced == any(os.path.exists(os.path.join(p, "memory.memsw.usage_in_bytes"))
-                                       for p in cg.paths)
+        assert cg.swap_enforced == any(
+            os.path.exists(os.path.join(p, "memory.memsw.limit_in_bytes")) for p in cg.paths)
         if cg.swap_enforced:
             assert read("memory.memsw.limit_in_bytes") == str(96 * MiB)
     assert read("pids.max") == "17"
@@ -328,8 +350,8 @@ def test_cpu_max_throttles_a_busy_loop(lab):
     cg = lab.cgroup(cpus=0.5)
     proc = lab.start(cg, """
         import os
-        os.fork()
         print('spinning', flush=True)
+        os.fork()
         while True:
             pass
         """)
@@ -371,18 +393,32 @@ def test_freeze_stops_cpu_use_and_thaw_resumes_it(lab):
 
 # --------------------------------------------------------------------------- kill_all
 
+FORK_BOMB = """
+import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+"""
+
+
 def test_RES_FORK_01_kill_all_ends_a_fork_bomb(lab):
     cg = lab.cgroup(pids=64, cpus=0.5)
-    lab.start(cg, """
-        import os
-        while True:
-            try:
-                os.fork()
-            except OSError:
-                pass
-        """)
+    lab.start(cg, FORK_BOMB)
     wait_for(lambda: len(cg.pids()) >= 48, what="the fork bomb to fill pids.max")
     cg.kill_all(timeout=20)
+    assert not cg.populated() and cg.pids() == []
+
+
+@pytest.mark.cgroup2
+@v2_only
+def test_RES_FORK_01_v2_kill_without_cgroup_kill_ends_a_fork_bomb(lab):
+    """Kernels 5.2-5.13 have cgroup.freeze but no cgroup.kill: freeze, SIGKILL, thaw."""
+    cg = lab.cgroup(pids=64, cpus=0.5)
+    lab.start(cg, FORK_BOMB)
+    wait_for(lambda: len(cg.pids()) >= 48, what="the fork bomb to fill pids.max")
+    cg._kill_by_freezing(timeout=20)
     assert not cg.populated() and cg.pids() == []
 
 
