@@ -636,16 +636,15 @@ static void handle_exec(uint32_t id, const char *msg, size_t len, int *fds, int 
     uint32_t tag, rlen;
     char **argv = NULL, **envp = NULL;
     const char *cwd = "/workspace";
-    int tty = 0, slot = -1, r, errpipe[2] = {-1, -1};
+    int tty = 0, slot = -1, r, errpipe[2] = {-1, -1}, master = -1;
 
     for (int i = 0; i < MAX_EXECS; i++)
         if (running[i].pid == 0) {
             slot = i;
             break;
         }
-    if (nfds != 3 || slot < 0) {
-        send_error(KP_EXEC_ERR, id, nfds != 3 ? EBADF : EAGAIN,
-                   nfds != 3 ? "exec request without its three fds" : "too many execs at once");
+    if (slot < 0) {
+        send_error(KP_EXEC_ERR, id, EAGAIN, "too many execs at once");
         goto out;
     }
     while ((r = next_record(&pos, end, &tag, &data, &rlen)) > 0) {
@@ -658,9 +657,26 @@ static void handle_exec(uint32_t id, const char *msg, size_t len, int *fds, int 
         else if (tag == KT_TTY)
             tty = 1;
     }
-    if (r < 0 || !argv || !argv[0] || !envp) {
+    if (r < 0 || !argv || !argv[0] || !envp || nfds != (tty ? 0 : 3)) {
         send_error(KP_EXEC_ERR, id, EPROTO, "malformed exec request");
         goto out;
+    }
+    if (tty) {
+        /* A terminal from the sandbox's own devpts: the agent's tty names resolve
+         * inside, and no terminal of the host is ever its controlling tty. */
+        int unlock = 0;
+        master = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
+        if (master < 0 || ioctl(master, TIOCSPTLCK, &unlock) < 0) {
+            send_error(KP_EXEC_ERR, id, errno, "open a pty");
+            goto out;
+        }
+        int slave = ioctl(master, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+        if (slave < 0) {
+            send_error(KP_EXEC_ERR, id, errno, "open the pty's terminal");
+            goto out;
+        }
+        fds[0] = fds[1] = fds[2] = slave;
+        nfds = 1; /* closed once below */
     }
     if (pipe2(errpipe, O_CLOEXEC) < 0) {
         send_error(KP_EXEC_ERR, id, errno, "pipe");
@@ -678,6 +694,11 @@ static void handle_exec(uint32_t id, const char *msg, size_t len, int *fds, int 
                 _exit(127);
         agent_child(argv, envp, cwd, tty, errpipe[1]);
     }
+    if (tty) {
+        struct out o;
+        out_init(&o, KP_TTY, id);
+        out_send(&o, master); /* before any exit report: we reap only after returning */
+    }
     /* Not waiting for the exec here: a child that is stopped before it execs must
      * not stall init. reap() reads errpipe once the child is gone. */
     running[slot].id = id;
@@ -687,6 +708,8 @@ static void handle_exec(uint32_t id, const char *msg, size_t len, int *fds, int 
 out:
     for (int i = 0; i < nfds; i++)
         close(fds[i]);
+    if (master >= 0)
+        close(master);
     if (errpipe[0] >= 0)
         close(errpipe[0]);
     if (errpipe[1] >= 0)

@@ -27,7 +27,8 @@ struct kp_record {
 enum {
     KP_GO = 4,     /* to the spawned child, before exec: maps and cgroup are in place */
     KP_CONFIG = 1, /* the sandbox plan, init's first message */
-    KP_EXEC = 2,   /* run a command as the agent; fds stdin, stdout, stderr attached */
+    KP_EXEC = 2,   /* run a command as the agent; fds stdin, stdout, stderr attached,
+                      or none with KT_TTY: init then makes a pty for it */
     KP_SIGNAL = 3, /* signal an exec's process group: record KT_SIGNAL */
 };
 
@@ -37,6 +38,7 @@ enum {
     KP_SETUP_ERR = 102, /* setup failed: KT_ERRNO, KT_WHAT; init exits after it */
     KP_EXEC_ERR = 104,  /* exec id could not start: KT_ERRNO, KT_WHAT */
     KP_EXITED = 105,    /* exec id ended: KT_WAIT_STATUS, KT_RUSAGE */
+    KP_TTY = 106,       /* exec id runs on a pty; its master fd is attached */
 };
 
 /* record tags */
@@ -52,7 +54,7 @@ enum {
     KT_ARGV = 20, /* NUL-separated strings */
     KT_ENV = 21,  /* NUL-separated strings */
     KT_CWD = 22,  /* string */
-    KT_TTY = 23,  /* empty: fd 0 is a tty to become the controlling terminal */
+    KT_TTY = 23,  /* empty: run on a new pty of the sandbox's devpts (sent back as KP_TTY) */
     /* KP_SIGNAL */
     KT_SIGNAL = 30, /* u32 signal number */
     /* replies */

@@ -18,6 +18,7 @@ import resource
 import select
 import signal
 import socket
+import termios
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -160,7 +161,7 @@ class _ExecOp:
     def __init__(self, core: "_Core", exec_id: int, argv: list[str], stdin: bytes,
                  timeout: float, env: Mapping[str, str], cwd: str,
                  on_output: Callable[[int, bytes], None] | None = None,
-                 terminal_fd: int | None = None):
+                 terminal: bool = False):
         self.core = core
         self.on_output = on_output
         self.id = exec_id
@@ -181,10 +182,11 @@ class _ExecOp:
         msg.string(p.T_CWD, cwd)
         self.readers: dict[int, _Capture] = {}
         self.stdin_fd: int | None = None
-        if terminal_fd is not None:
-            # The caller relays the terminal; the command gets it as its controlling tty.
+        self.terminal_fd: int | None = None  # the pty master, once init sends it
+        if terminal:
+            # init makes the pty in the sandbox's devpts; the caller relays its master.
             msg.record(p.T_TTY)
-            core.send(msg.to_bytes(), [terminal_fd] * 3)
+            core.send(msg.to_bytes(), [])
         else:
             in_r, in_w = os.pipe2(os.O_CLOEXEC)
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -276,9 +278,14 @@ class _ExecOp:
             self.kill_deadline = now + KILL_GRACE
 
     def _on_reply(self) -> None:
-        reply = self.core.recv()
+        reply, fds = self.core.recv_with_fds()
         now = time.monotonic()
+        if reply is not None and reply.type == p.TTY and reply.id == self.id and fds:
+            self.terminal_fd = fds.pop(0)
+        for fd in fds:
+            os.close(fd)
         if reply is None:
+            self.core.mark_broken("the sandbox's init is gone (killed, or died of OOM)")
             self.init_died = True
             self._finish(now)
         elif reply.id != self.id:
@@ -460,14 +467,6 @@ class _Core:
             return None, fds
         return p.parse(data), fds
 
-    def recv(self) -> p.Reply | None:
-        reply, fds = self.recv_with_fds()
-        for fd in fds:
-            os.close(fd)
-        if reply is None:
-            self.mark_broken("the sandbox's init is gone (killed, or died of OOM)")
-        return reply
-
     def signal(self, exec_id: int, sig: int) -> None:
         try:
             self.send(p.Message(p.SIGNAL, exec_id).u32(p.T_SIGNAL, sig).to_bytes(), [])
@@ -481,7 +480,7 @@ class _Core:
     # -- exec
 
     def begin_exec(self, argv, stdin, timeout, env, cwd, on_output=None,
-                   terminal_fd=None) -> _ExecOp:
+                   terminal=False) -> _ExecOp:
         if self.closed:
             raise SandboxClosed("the sandbox is closed")
         if self.broken:
@@ -505,7 +504,7 @@ class _Core:
         exec_id = self._next_id
         self._next_id += 1
         return _ExecOp(self, exec_id, argv, stdin or b"", timeout, full_env,
-                       cwd or mounts.WORKSPACE, on_output, terminal_fd)
+                       cwd or mounts.WORKSPACE, on_output, terminal)
 
     def end_exec(self, op: _ExecOp) -> ExecResult:
         peak, oom = None, False
@@ -597,22 +596,43 @@ class Sandbox:
     def exec(self, argv: Sequence[str] | str, *, stdin: bytes | str = b"",
              timeout: float | None = None, env: Mapping[str, str] | None = None,
              cwd: str | None = None,
-             on_output: Callable[[int, bytes], None] | None = None,
-             terminal_fd: int | None = None) -> ExecResult:
+             on_output: Callable[[int, bytes], None] | None = None) -> ExecResult:
         """Run a command as the agent and wait for it; a string runs under /bin/sh -c.
 
         on_output(stream, data) sees output as it arrives (stream 1 or 2); the result
-        still keeps the first output_limit bytes of each. With terminal_fd (a pty
-        slave) the command runs on that terminal and the caller relays it.
+        still keeps the first output_limit bytes of each.
         """
-        op = self._core.begin_exec(argv, stdin, timeout, env, cwd, on_output, terminal_fd)
+        op = self._core.begin_exec(argv, stdin, timeout, env, cwd, on_output)
+        return self._finish(op)
+
+    def open_terminal(self, argv: Sequence[str] | str, *, timeout: float | None = None,
+                      env: Mapping[str, str] | None = None,
+                      cwd: str | None = None) -> "Terminal":
+        """Start a command on a new pty of the sandbox (its controlling terminal).
+
+        Relay Terminal.fd (the pty master) yourself, then call Terminal.wait().
+        """
+        op = self._core.begin_exec(argv, b"", timeout, env, cwd, terminal=True)
+        try:
+            _drive_sync(op, until=lambda: op.terminal_fd is not None)
+        except BaseException:
+            self._abandon(op)
+            raise
+        if op.terminal_fd is None:  # it could not start
+            return Terminal(self, op, -1)
+        return Terminal(self, op, op.terminal_fd)
+
+    def _finish(self, op: _ExecOp) -> ExecResult:
         try:
             _drive_sync(op)
         except BaseException:
-            op.abandon()
-            self._core.signal(op.id, signal.SIGKILL)
+            self._abandon(op)
             raise
         return self._core.end_exec(op)
+
+    def _abandon(self, op: _ExecOp) -> None:
+        op.abandon()
+        self._core.signal(op.id, signal.SIGKILL)
 
     def kill_all(self) -> None:
         """Freeze, kill and confirm gone every process of the sandbox (it is then dead)."""
@@ -628,9 +648,30 @@ class Sandbox:
         self.close()
 
 
-def _drive_sync(op: _ExecOp) -> None:
+@dataclass
+class Terminal:
+    """A command running on a pty of the sandbox; see Sandbox.open_terminal."""
+
+    sandbox: Sandbox
+    op: _ExecOp
+    fd: int  # the pty master: read the command's output, write its input; -1 if it failed
+
+    def resize(self, rows: int, cols: int) -> None:
+        termios.tcsetwinsize(self.fd, (rows, cols))
+
+    def wait(self) -> ExecResult:
+        """Wait for the command to end (output may still be buffered in fd)."""
+        return self.sandbox._finish(self.op)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _drive_sync(op: _ExecOp, until: Callable[[], bool] = lambda: False) -> None:
     poller = select.poll()
-    while not op.done:
+    while not op.done and not until():
         registered = {}
         for fd in op.want_read():
             registered[fd] = select.POLLIN

@@ -126,53 +126,56 @@ def cmd_shell(args: argparse.Namespace) -> int:
     except (KarotteError, OSError, ValueError) as exc:
         print(f"karotte-sandbox: cannot create the sandbox: {exc}", file=sys.stderr)
         return EXIT_SANDBOX_FAILED
-    master, slave = os.openpty()
-    os.set_inheritable(master, False)
-    os.set_inheritable(slave, False)
     stdin_fd = sys.stdin.fileno()
     interactive = os.isatty(stdin_fd)
-    if interactive:
-        size = termios.tcgetwinsize(stdin_fd)
-        termios.tcsetwinsize(slave, size)
-        saved = termios.tcgetattr(stdin_fd)
-        tty.setraw(stdin_fd)
-
-        def resize(_sig, _frame):
-            termios.tcsetwinsize(master, termios.tcgetwinsize(stdin_fd))
-        signal.signal(signal.SIGWINCH, resize)
-
+    env = {"TERM": os.environ.get("TERM", "xterm")}
     outcome = {}
-
-    def run() -> None:
-        try:
-            outcome["result"] = sandbox.exec(args.command or ["/bin/bash", "-l"],
-                                             terminal_fd=slave, env={"TERM": os.environ.get(
-                                                 "TERM", "xterm")})
-        finally:
-            os.write(wake_w, b"x")
-
-    wake_r, wake_w = os.pipe()
-    worker = threading.Thread(target=run, daemon=True)
-    try:
-        with sandbox:
-            worker.start()
-            _relay(master, stdin_fd, wake_r)
-            worker.join()
-    finally:
+    with sandbox:
+        term = sandbox.open_terminal(args.command or ["/bin/bash", "-l"], env=env)
+        if term.fd < 0:
+            result = term.wait()
+            print(f"karotte-sandbox: {result.error}", file=sys.stderr)
+            return 127
+        saved = None
         if interactive:
-            termios.tcsetattr(stdin_fd, termios.TCSADRAIN, saved)
-        for fd in (master, slave, wake_r, wake_w):
-            os.close(fd)
+            term.resize(*termios.tcgetwinsize(stdin_fd))
+            saved = termios.tcgetattr(stdin_fd)
+            tty.setraw(stdin_fd, termios.TCSANOW)  # keep typed-ahead input
+            signal.signal(signal.SIGWINCH,
+                          lambda *_: term.resize(*termios.tcgetwinsize(stdin_fd)))
+        wake_r, wake_w = os.pipe()
+
+        def wait() -> None:
+            try:
+                outcome["result"] = term.wait()
+            finally:
+                os.write(wake_w, b"x")
+
+        worker = threading.Thread(target=wait, daemon=True)
+        worker.start()
+        try:
+            _relay(term.fd, stdin_fd, wake_r)
+            worker.join()
+        finally:
+            if saved is not None:
+                termios.tcsetattr(stdin_fd, termios.TCSADRAIN, saved)
+            term.close()
+            os.close(wake_r)
+            os.close(wake_w)
     result = outcome.get("result")
     return 1 if result is None else _exit_status(result)
 
 
 def _relay(master: int, stdin_fd: int, wake_r: int) -> None:
-    """Copy between our terminal and the sandbox's pty until the shell exits."""
+    """Copy between our terminal and the sandbox's pty until the shell exits and its
+    output is drained (or, with background jobs holding the pty, shortly after)."""
     stdout_fd = sys.stdout.fileno()
     watch = [master, stdin_fd, wake_r]
-    while True:
-        ready, _, _ = select.select(watch, [], [])
+    ended = False
+    while master in watch:
+        ready, _, _ = select.select(watch, [], [], 0.1 if ended else None)
+        if not ready and ended:
+            return
         if master in ready:
             try:
                 data = os.read(master, 65536)
@@ -189,7 +192,8 @@ def _relay(master: int, stdin_fd: int, wake_r: int) -> None:
             else:
                 watch.remove(stdin_fd)
         if wake_r in ready:
-            return
+            watch.remove(wake_r)
+            ended = True
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -255,7 +259,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_signal(signum, _frame):
+    # SystemExit unwinds the `with sandbox` blocks: the sandbox is destroyed, not leaked.
+    sys.exit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
     args = build_parser().parse_args(argv)
     if getattr(args, "command", None) and args.command[0] == "--":
         args.command = args.command[1:]
