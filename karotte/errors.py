@@ -15,6 +15,7 @@ class HostUnsupported(KarotteError):
     def __init__(self, protection: str, message: str):
         super().__init__(f"{protection}: {message}")
         self.protection = protection
+        self.detail = message
 
 
 class SandboxError(KarotteError):

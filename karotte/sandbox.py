@@ -416,8 +416,9 @@ class _Core:
         except (HostUnsupported, CgroupError) as exc:
             if "cgroups" in spec.allow_degraded:
                 return None  # the caller accepted: no memory, pids or CPU limit
+            detail = exc.detail if isinstance(exc, HostUnsupported) else str(exc)
             raise HostUnsupported(
-                "cgroups", f"{exc}. Without a cgroup the sandbox has no memory, process or "
+                "cgroups", f"{detail}. Without a cgroup the sandbox has no memory, process or "
                 "CPU limit; pass allow_degraded={'cgroups'} to run without one") from exc
 
     def finish_start(self, reply: p.Reply | None, fds: list[int]) -> None:

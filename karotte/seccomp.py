@@ -71,6 +71,7 @@ _TABLE: dict[str, tuple[int | None, int | None]] = {
     "keyctl":                   (250,   219),
     "unshare":                  (272,   97),
     "perf_event_open":          (298,   241),
+    "prlimit64":                (302,   261),
     "fanotify_init":            (300,   262),
     "name_to_handle_at":        (303,   264),
     "open_by_handle_at":        (304,   265),
@@ -287,6 +288,11 @@ DEFAULT_POLICY = Policy(rules=(
          reason="persona flags such as ADDR_NO_RANDOMIZE and READ_IMPLIES_EXEC turn off ASLR "
                 "and NX for the process and everything it execs; only PER_LINUX and the "
                 "0xffffffff query pass"),
+    Rule("prlimit64", when=ArgNotIn(0, (0,)),
+         reason="PROC-LIMITS-01: another process's limits. When the caller is unprivileged "
+                "the agent shares init's host uid, and prlimit on pid 1 (RLIMIT_NOFILE 3) "
+                "would wedge the sandbox into looking like an infrastructure failure; "
+                "glibc's own setrlimit and getrlimit pass pid 0"),
     # Rules that deny a syscall whatever its arguments.
     Rule("clone3", errno=ENOSYS,
          reason="ESC-USERNS-01: clone3 passes its flags in memory, which a seccomp filter "

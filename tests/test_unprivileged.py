@@ -34,6 +34,9 @@ try:
         r = sb.exec(["python3", "-c", "b = bytearray(1 << 30)"])
         out["oom"] = [r.signal == signal.SIGKILL, r.oom_killed]
         out["cgroup"] = sb.cgroup is not None
+        r = sb.exec("prlimit --pid 1 --nofile=3:3 2>&1; echo rc=$?")
+        out["prlimit_init"] = r.stdout.decode()
+        out["after_prlimit"] = sb.exec(["echo", "still-serving"]).stdout.decode().strip()
 except HostUnsupported as e:
     out["unsupported"] = [e.protection, str(e)]
 print(json.dumps(out))
@@ -107,3 +110,10 @@ def test_unprivileged_caller_may_accept_running_without_cgroups():
     out = _run_as_nobody({"DEGRADE": "cgroups"})
     assert out["id"] == "1000" and out["cgroup"] is False
     assert out["oom"][0] is False  # no memory limit: the 1 GiB allocation succeeds
+
+
+def test_PROC_LIMITS_01_prlimit_on_another_process_is_denied(delegated_v1_parent):
+    # The agent shares init's host uid here; only seccomp stops it wedging init.
+    out = _run_as_nobody({"KAROTTE_CGROUP_PARENT": delegated_v1_parent})
+    assert "Operation not permitted" in out["prlimit_init"] and "rc=0" not in out["prlimit_init"]
+    assert out["after_prlimit"] == "still-serving"
