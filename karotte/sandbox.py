@@ -519,16 +519,22 @@ class _Core:
     def kill_all(self) -> None:
         """Kill every process of the sandbox, init included, and confirm none is left.
 
-        The cgroup kill is atomic against racing forks. Then init: the kernel reaps
-        init only after every other process of its PID namespace is gone, so the
-        waitid below returning is the confirmation even without a cgroup."""
-        if self.cgroup is not None:
-            self.cgroup.kill_all()
+        SIGKILL to init first: the kernel then kills every process of the PID namespace,
+        forks racing it included, and lets init's exit complete only once all of them
+        are reaped. The cgroup kill after it confirms the cgroup is empty (and, without
+        a PID namespace to lean on, would freeze and kill by itself)."""
         if self.pidfd is not None:
             try:
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            exited = select.select([self.pidfd], [], [], KILL_GRACE)[0]
+        if self.cgroup is not None:
+            self.cgroup.kill_all()
+        if self.pidfd is not None:
+            if not exited and self.cgroup is None:
+                raise SandboxError(f"init (pid {self.pid}) did not exit within {KILL_GRACE:g} s "
+                                   "of SIGKILL; a process may be stuck in the kernel (state D)")
             os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED)  # reap: init is our child
             os.close(self.pidfd)
             self.pidfd = None
