@@ -114,8 +114,14 @@ def test_allocation_beyond_memory_max_is_oom_killed(cgroup: Path):
         (cgroup / "memory.swap.max").write_text("0")
     before = events(cgroup, "memory.events")["oom_kill"]
 
-    # bytes * n writes every page, so the whole 256 MiB is charged.
-    child = start_in(cgroup, "block = b'x' * (256 << 20)\nprint('survived')")
+    # The child resets the oom_score_adj it inherits from this test process: at -1000
+    # (left by code that ran earlier in the same pytest) nothing in the cgroup can be
+    # killed, and the allocation spins at memory.max instead. bytes * n writes every
+    # page, so the whole 256 MiB is charged.
+    child = start_in(cgroup, "with open('/proc/self/oom_score_adj', 'w') as adj:\n"
+                             "    adj.write('0')\n"
+                             "block = b'x' * (256 << 20)\n"
+                             "print('survived')")
     out, _ = child.communicate(timeout=60)
 
     assert child.returncode == -9
