@@ -293,7 +293,7 @@ def test_1000_create_exec_destroy_cycles_leave_nothing_behind(no_leaks):
     procs_before = len(psutil.pids())
     for i in range(1000):
         with Sandbox(SandboxSpec(memory=64 * MiB)) as sb:
-            r = sb.exec(["sh", "-c", f"echo {i} > f; sleep 1000 & cat f"])
+            r = sb.exec(["sh", "-c", f"echo {i} > f; sleep 1000 >/dev/null 2>&1 & cat f"])
             assert r.stdout == f"{i}\n".encode()
     assert ours(os.listdir("/tmp")) - tmp_before == set()
     assert len(psutil.pids()) - procs_before < 5
