@@ -47,6 +47,7 @@
 #define OLDROOT "/oldroot" /* the host's tree while the sandbox's root is built */
 #define MAX_EXECS 64
 #define MAX_RLIMITS 16
+#define MAX_FDS 8 /* stdin, stdout, stderr and up to 5 more for the command (3, 4, ...) */
 
 struct rlimit_rec {
     uint32_t resource;
@@ -177,12 +178,12 @@ static int next_record(const char **pos, const char *end, uint32_t *tag, const c
     return 1;
 }
 
-/* Receive one message and up to 3 fds. Returns its length, 0 on EOF, -1 on error. */
+/* Receive one message and up to MAX_FDS fds. Returns its length, 0 on EOF, -1 on error. */
 static ssize_t recv_msg(int *fds, int *nfds)
 {
     struct iovec iov = {msgbuf, sizeof(msgbuf)};
     union {
-        char buf[CMSG_SPACE(3 * sizeof(int))];
+        char buf[CMSG_SPACE(MAX_FDS * sizeof(int))];
         struct cmsghdr align;
     } ctl;
     struct msghdr mh = {0};
@@ -204,7 +205,7 @@ static ssize_t recv_msg(int *fds, int *nfds)
         for (int i = 0; i < k; i++) {
             int fd;
             memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-            if (*nfds < 3)
+            if (*nfds < MAX_FDS)
                 fds[(*nfds)++] = fd;
             else
                 close(fd);
@@ -520,7 +521,7 @@ static int write_proc_self(const char *name, const char *text)
 /* Child side of an exec: become the agent, then exec. Failures go to errpipe as
  * (errno, step) and the child exits 127; it never returns. */
 static void __attribute__((noreturn)) agent_child(char **argv, char **envp, const char *cwd,
-                                                  int tty, int errpipe)
+                                                  int tty, int nfds, int errpipe)
 {
     const char *step;
     sigset_t none;
@@ -543,9 +544,10 @@ static void __attribute__((noreturn)) agent_child(char **argv, char **envp, cons
     step = "set the controlling tty";
     if (tty && ioctl(0, TIOCSCTTY, 0) < 0)
         goto fail;
-    /* Only fds 0-2 (and errpipe, CLOEXEC) cross into the agent. */
+    /* Only fds 0-2, and any extra fds the host passed for this command (a grader's
+     * channel), cross into the agent; errpipe is CLOEXEC. */
     step = "close fds";
-    if (syscall(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
+    if (syscall(SYS_close_range, nfds > 3 ? nfds : 3, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
         goto fail;
     for (int i = 0; i < cfg.n_rlimits; i++) {
         struct rlimit rl = {cfg.rlimits[i].cur, cfg.rlimits[i].max};
@@ -657,7 +659,7 @@ static void handle_exec(uint32_t id, const char *msg, size_t len, int *fds, int 
         else if (tag == KT_TTY)
             tty = 1;
     }
-    if (r < 0 || !argv || !argv[0] || !envp || nfds != (tty ? 0 : 3)) {
+    if (r < 0 || !argv || !argv[0] || !envp || (tty ? nfds != 0 : nfds < 3)) {
         send_error(KP_EXEC_ERR, id, EPROTO, "malformed exec request");
         goto out;
     }
@@ -675,8 +677,8 @@ static void handle_exec(uint32_t id, const char *msg, size_t len, int *fds, int 
             send_error(KP_EXEC_ERR, id, errno, "open the pty's terminal");
             goto out;
         }
-        fds[0] = fds[1] = fds[2] = slave;
-        nfds = 1; /* closed once below */
+        fds[0] = slave;
+        nfds = 1; /* the child puts it at 0, 1 and 2 */
     }
     if (pipe2(errpipe, O_CLOEXEC) < 0) {
         send_error(KP_EXEC_ERR, id, errno, "pipe");
@@ -689,10 +691,21 @@ static void handle_exec(uint32_t id, const char *msg, size_t len, int *fds, int 
     }
     if (pid == 0) {
         close(errpipe[0]);
-        for (int i = 0; i < 3; i++)
+        /* Move the received fds (and errpipe) out of the way first, so placing one at
+         * its number cannot overwrite another that is still to be placed. */
+        if ((errpipe[1] = fcntl(errpipe[1], F_DUPFD_CLOEXEC, 64)) < 0)
+            _exit(127);
+        for (int i = 0; i < nfds; i++)
+            if ((fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 64)) < 0)
+                _exit(127);
+        for (int i = 0; i < nfds; i++)
             if (dup2(fds[i], i) < 0)
                 _exit(127);
-        agent_child(argv, envp, cwd, tty, errpipe[1]);
+        if (tty) {
+            dup2(0, 1);
+            dup2(0, 2);
+        }
+        agent_child(argv, envp, cwd, tty, tty ? 3 : nfds, errpipe[1]);
     }
     if (tty) {
         struct out o;
@@ -788,7 +801,7 @@ static void serve(void)
             reap();
         }
         if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
-            int fds[3], nfds;
+            int fds[MAX_FDS], nfds;
             ssize_t n = recv_msg(fds, &nfds);
             if (n == 0 || (n < 0 && errno != EMSGSIZE && errno != EAGAIN))
                 _exit(0); /* host gone: our exit takes every process inside with it */
@@ -818,7 +831,7 @@ static void serve(void)
 int main(void)
 {
     sigset_t all;
-    int fds[3], nfds;
+    int fds[MAX_FDS], nfds;
 
     /* Inherited from the trainer: drop every fd but the control socket, and put
      * /dev/null at 0-2 so init holds none of the trainer's stdio. */

@@ -37,6 +37,7 @@ DEFAULT_UID_BASE = 0x7000_0000
 SETUP_TIMEOUT = 10.0  # seconds for init to build the root and report ready
 DRAIN_GRACE = 0.05  # after exit, how long to wait for output held open by background jobs
 KILL_GRACE = 5.0  # after a timeout kill, how long the exit report may take
+MAX_PASS_FDS = 5  # extra fds a command may get (csrc/init.c MAX_FDS less stdio)
 
 DEFAULT_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -161,7 +162,7 @@ class _ExecOp:
     def __init__(self, core: "_Core", exec_id: int, argv: list[str], stdin: bytes,
                  timeout: float, env: Mapping[str, str], cwd: str,
                  on_output: Callable[[int, bytes], None] | None = None,
-                 terminal: bool = False):
+                 terminal: bool = False, pass_fds: Sequence[int] = ()):
         self.core = core
         self.on_output = on_output
         self.id = exec_id
@@ -194,7 +195,7 @@ class _ExecOp:
             for fd in (in_w, out_r, err_r):
                 os.set_blocking(fd, False)
             try:
-                core.send(msg.to_bytes(), [in_r, out_w, err_w])
+                core.send(msg.to_bytes(), [in_r, out_w, err_w, *pass_fds])
             except BaseException:
                 for fd in (in_w, out_r, err_r):
                     os.close(fd)
@@ -394,13 +395,6 @@ class _Core:
             _write_proc(self.pid, "gid_map", ident.gid_map)
             if self.cgroup is not None and self.cgroup.clone_fd() is None:
                 self.cgroup.add(self.pid)
-            try:
-                # An OOM in the sandbox should kill the agent's processes, not its init
-                # (which resets this for every command it starts). Needs CAP_SYS_RESOURCE;
-                # without it init stays a candidate, the smallest one.
-                _write_proc(self.pid, "oom_score_adj", "-1000")
-            except PermissionError:
-                pass
             self.send(p.Message(p.GO).to_bytes(), [])
             self.send(_config_message(spec, ident), [])
         except BaseException:
@@ -427,6 +421,15 @@ class _Core:
             self.workspace_fd = fds[0]
             for fd in fds[1:]:
                 os.close(fd)
+            try:
+                # An OOM in the sandbox should kill the agent's processes, not its init
+                # (which resets this for every command it starts). Only now: before its
+                # exec, init shared our memory, and the kernel applies oom_score_adj to
+                # every process sharing it, the trainer included. Needs CAP_SYS_RESOURCE;
+                # without it init stays a candidate, the smallest one.
+                _write_proc(self.pid, "oom_score_adj", "-1000")
+            except PermissionError:
+                pass
             return
         for fd in fds:
             os.close(fd)
@@ -481,7 +484,7 @@ class _Core:
     # -- exec
 
     def begin_exec(self, argv, stdin, timeout, env, cwd, on_output=None,
-                   terminal=False) -> _ExecOp:
+                   terminal=False, pass_fds=()) -> _ExecOp:
         if self.closed:
             raise SandboxClosed("the sandbox is closed")
         if self.broken:
@@ -499,13 +502,15 @@ class _Core:
         timeout = self.spec.timeout if timeout is None else float(timeout)
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
+        if len(pass_fds) > MAX_PASS_FDS:
+            raise ValueError(f"at most {MAX_PASS_FDS} extra fds can be passed, got {len(pass_fds)}")
         if self.cgroup is not None:
             self.cgroup.reset_memory_peak()
             self._oom_before = self.cgroup.oom_kills()
         exec_id = self._next_id
         self._next_id += 1
         return _ExecOp(self, exec_id, argv, stdin or b"", timeout, full_env,
-                       cwd or mounts.WORKSPACE, on_output, terminal)
+                       cwd or mounts.WORKSPACE, on_output, terminal, pass_fds)
 
     def end_exec(self, op: _ExecOp) -> ExecResult:
         peak, oom = None, False
@@ -603,13 +608,16 @@ class Sandbox:
     def exec(self, argv: Sequence[str] | str, *, stdin: bytes | str = b"",
              timeout: float | None = None, env: Mapping[str, str] | None = None,
              cwd: str | None = None,
-             on_output: Callable[[int, bytes], None] | None = None) -> ExecResult:
+             on_output: Callable[[int, bytes], None] | None = None,
+             pass_fds: Sequence[int] = ()) -> ExecResult:
         """Run a command as the agent and wait for it; a string runs under /bin/sh -c.
 
         on_output(stream, data) sees output as it arrives (stream 1 or 2); the result
-        still keeps the first output_limit bytes of each.
+        still keeps the first output_limit bytes of each. pass_fds are host fds that
+        the command gets as fds 3, 4, ... (a private channel to its caller).
         """
-        op = self._core.begin_exec(argv, stdin, timeout, env, cwd, on_output)
+        op = self._core.begin_exec(argv, stdin, timeout, env, cwd, on_output,
+                                   pass_fds=pass_fds)
         return self._finish(op)
 
     def open_terminal(self, argv: Sequence[str] | str, *, timeout: float | None = None,

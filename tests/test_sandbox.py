@@ -28,6 +28,7 @@ def status_fields(sb: Sandbox) -> dict[str, str]:
     return dict(line.split(":\t", 1) for line in out.splitlines() if ":\t" in line)
 
 
+@pytest.mark.cgroup2
 def test_agent_runs_as_uid_1000_without_capabilities_with_no_new_privs_and_seccomp(sandbox):
     r = sandbox.exec(["id"])
     assert r.stdout == b"uid=1000(agent) gid=1000(agent) groups=1000(agent)\n"
@@ -51,6 +52,7 @@ def test_agent_is_an_unprivileged_host_uid_never_root_or_the_caller(sandbox):
     assert set(init_uids) == {DEFAULT_UID_BASE}, "init must not be host root either"
 
 
+@pytest.mark.cgroup2
 def test_every_namespace_is_new(sandbox):
     inside = sandbox.exec(["sh", "-c", "for n in " + " ".join(NAMESPACES)
                            + "; do readlink /proc/self/ns/$n; done"]).stdout.decode().split()
@@ -118,6 +120,7 @@ def test_command_runs_in_its_own_session_without_a_terminal(sandbox):
     assert sandbox.exec(["tty"]).stdout == b"not a tty\n"
 
 
+@pytest.mark.cgroup2
 def test_files_cwd_env_and_background_processes_persist_between_execs(sandbox):
     assert sandbox.exec("echo hello > note.txt; sleep 60 & echo $! > pid").exit_code == 0
     r = sandbox.exec("cat note.txt; kill -0 $(cat pid) && echo running")
@@ -143,6 +146,7 @@ def test_stdin_is_delivered_in_full(sandbox):
     assert r.stdout.split()[0].decode() == hashlib.sha256(data).hexdigest()
 
 
+@pytest.mark.cgroup2
 def test_timeout_kills_the_command_and_the_sandbox_stays_usable(sandbox):
     t = time.monotonic()
     r = sandbox.exec(["sleep", "30"], timeout=0.5)
@@ -164,6 +168,7 @@ def test_exec_returns_promptly_when_a_background_job_keeps_stdout_open(sandbox):
     assert time.monotonic() - t < 2
 
 
+@pytest.mark.cgroup2
 def test_result_has_wall_cpu_and_peak_memory_measured_from_outside(sandbox):
     r = sandbox.exec(py("x = bytearray(64 << 20)\nfor i in range(3000000): pass"))
     assert r.exit_code == 0
@@ -222,6 +227,18 @@ def test_workspace_fd_reaches_the_agents_files_from_the_host(sandbox):
         os.close(fd)
 
 
+@pytest.mark.cgroup2
+def test_creating_a_sandbox_leaves_the_callers_oom_score_alone(no_leaks):
+    # init shares our memory until it execs; the kernel applies oom_score_adj to every
+    # process sharing it, so an early write to init's would exempt the trainer too.
+    with open("/proc/self/oom_score_adj") as f:
+        before = f.read()
+    with Sandbox() as sb:
+        sb.exec(["true"])
+    with open("/proc/self/oom_score_adj") as f:
+        assert f.read() == before
+
+
 def test_exec_after_close_raises_a_clear_error(no_leaks):
     sb = Sandbox()
     sb.close()
@@ -236,6 +253,7 @@ def test_context_manager_cleans_up_when_the_body_raises(no_leaks):
             raise RuntimeError("trainer bug")
 
 
+@pytest.mark.cgroup2
 def test_kill_all_ends_every_process_and_confirms_the_cgroup_is_empty(no_leaks):
     with Sandbox() as sb:
         sb.exec("sleep 100 & (setsid sleep 100 &) ; trap '' TERM; sleep 100 &")
@@ -299,3 +317,22 @@ def test_1000_create_exec_destroy_cycles_leave_nothing_behind(no_leaks):
     assert len(psutil.pids()) - procs_before < 5
     assert child_inits() == []
     assert karotte_cgroups() == set()
+
+
+def test_pass_fds_gives_the_command_a_private_channel_and_nothing_else(sandbox):
+    r_fd, w_fd = os.pipe()
+    try:
+        r = sandbox.exec(py("import os; os.write(3, b'via fd 3'); "
+                            "print(sorted(int(f) for f in os.listdir('/proc/self/fd')))"),
+                         pass_fds=[w_fd])
+        os.close(w_fd)
+        w_fd = -1
+        assert os.read(r_fd, 100) == b"via fd 3"
+        assert json.loads(r.stdout)[:4] == [0, 1, 2, 3] and len(json.loads(r.stdout)) <= 5
+        # the next command does not inherit it
+        r = sandbox.exec(py("import os; print(sorted(int(f) for f in os.listdir('/proc/self/fd')))"))
+        assert json.loads(r.stdout)[:3] == [0, 1, 2] and len(json.loads(r.stdout)) <= 4
+    finally:
+        os.close(r_fd)
+        if w_fd >= 0:
+            os.close(w_fd)

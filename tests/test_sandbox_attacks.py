@@ -55,6 +55,7 @@ def assert_all_gone(pids: set[int]) -> None:
 # --------------------------------------------------------------------------- RES
 
 
+@pytest.mark.cgroup2
 def test_RES_FORK_01_fork_bomb_hits_pids_max_and_kill_all_ends_it(small_sandbox):
     host_procs = len(psutil.pids())
     r = small_sandbox.exec(py("""
@@ -90,6 +91,7 @@ def test_RES_FORK_01_other_sandboxes_are_unaffected_by_a_fork_bomb(no_leaks):
         assert r.stdout == b"ok\n"
 
 
+@pytest.mark.cgroup2
 def test_RES_MEM_01_memory_bomb_is_oom_killed_inside_and_the_host_survives(small_sandbox):
     r = small_sandbox.exec(py("b = bytearray(4 << 30)"), timeout=20)
     assert r.signal == signal.SIGKILL and r.oom_killed
@@ -100,6 +102,7 @@ def test_RES_MEM_01_memory_bomb_is_oom_killed_inside_and_the_host_survives(small
     assert small_sandbox.exec(["echo", "alive"]).stdout == b"alive\n"
 
 
+@pytest.mark.cgroup2
 def test_RES_MEM_01_tmpfs_and_shared_memory_count_against_the_memory_limit(no_leaks):
     # /dev/shm alone would allow 256 MiB; memory.max of 96 MiB must stop it first.
     spec = SandboxSpec(memory=96 * MiB, tmp_size=256 * MiB, timeout=20)
@@ -109,6 +112,7 @@ def test_RES_MEM_01_tmpfs_and_shared_memory_count_against_the_memory_limit(no_le
         assert sb.cgroup.memory_peak() <= 96 * MiB
 
 
+@pytest.mark.cgroup2
 def test_FS_FILL_01_disk_fill_fails_inside_and_host_free_space_is_unchanged(small_sandbox):
     free_before = shutil.disk_usage("/").free
     r = small_sandbox.exec("dd if=/dev/zero of=/workspace/fill bs=1M count=200 2>&1; echo rc=$?")
@@ -143,6 +147,7 @@ except OSError as e:
 # --------------------------------------------------------------------------- PROC
 
 
+@pytest.mark.cgroup2
 @pytest.mark.parametrize("plant", [
     "( setsid bash -c 'exec -a \"[kworker/0:1]\" sh -c \"while :; do sleep 1; done\"' & ) "
     "</dev/null >/dev/null 2>&1",
@@ -233,6 +238,7 @@ def test_LEAK_FS_01_host_files_outside_the_userland_are_invisible(no_leaks, tmp_
         assert b"pytest" not in r.stdout
 
 
+@pytest.mark.cgroup2
 def test_LEAK_NET_01_only_loopback_dns_fails_and_connect_is_unreachable_at_once(sandbox):
     r = sandbox.exec(py("""
 import errno, socket, time
@@ -361,6 +367,7 @@ time.sleep(1000)
 """
 
 
+@pytest.mark.cgroup2
 def test_sigkill_of_the_host_process_takes_its_sandboxes_down_and_gc_cleans_up(no_leaks):
     host = subprocess.Popen([sys.executable, "-c", HOST_SCRIPT], stdout=subprocess.PIPE)
     try:
