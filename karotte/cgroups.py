@@ -688,9 +688,12 @@ class V2Backend(Backend):
                 f"({whose}): {why}; " + _DELEGATE_FIX + " whose own processes sit in a leaf"
             ) from e
 
-    def create(self, name: str, limits: CgroupLimits, parent: str | None = None) -> Cgroup:
+    def create(self, name: str, limits: CgroupLimits, parent: "str | Cgroup | None" = None) -> Cgroup:
         _check_name(name)
-        parent_dir = self.parent_dir(parent)
+        if isinstance(parent, Cgroup):
+            parent_dir = parent.paths[0]  # nested: it must hold no processes of its own
+        else:
+            parent_dir = self.parent_dir(parent)
         self._enable_controllers(parent_dir, explicit=bool(parent or _parent_env()))
         path = os.path.join(parent_dir, name)
         try:
@@ -744,9 +747,13 @@ class V1Backend(Backend):
         own = None if parent else _own_cgroups()
         return {c: m.dir_of(parent or own[c]) for c, m in self.hierarchies.items()}
 
-    def create(self, name: str, limits: CgroupLimits, parent: str | None = None) -> Cgroup:
+    def create(self, name: str, limits: CgroupLimits, parent: "str | Cgroup | None" = None) -> Cgroup:
         _check_name(name)
-        dirs = {c: os.path.join(d, name) for c, d in self.parent_dirs(parent).items()}
+        if isinstance(parent, _V1Cgroup):
+            parents = dict(parent._dirs)  # nested: the same hierarchies, one level down
+        else:
+            parents = self.parent_dirs(parent)
+        dirs = {c: os.path.join(d, name) for c, d in parents.items()}
         made: list[str] = []
         try:
             for path in dict.fromkeys(dirs.values()):
@@ -798,11 +805,12 @@ def detect() -> Backend:
                           f"{','.join(V1_CONTROLLERS)}")
 
 
-def create(name: str, limits: CgroupLimits, parent: str | None = None, *,
+def create(name: str, limits: CgroupLimits, parent: "str | Cgroup | None" = None, *,
            backend: Backend | None = None) -> Cgroup:
     """Make the cgroup `name` (from leaf_name()) under parent, with limits set.
 
-    parent: a cgroup path as /proc/self/cgroup shows it, or a directory of a cgroup mount;
+    parent: a cgroup path as /proc/self/cgroup shows it, a directory of a cgroup mount, or
+    a Cgroup (nesting: on v2 that one must hold no processes, only child cgroups);
     default: $KAROTTE_CGROUP_PARENT, else the caller's own cgroup (in each v1 hierarchy).
     On v1 an explicit parent must exist in every hierarchy (memory, pids, cpu, cpuacct,
     freezer).

@@ -26,6 +26,7 @@ from typing import Callable, Mapping, Sequence
 
 from . import cgroups, mounts, native
 from . import protocol as p
+from .results import ExecResult
 from .errors import CgroupError, HostUnsupported, SandboxClosed, SandboxError
 from .seccomp import compile_policy
 from .spec import SandboxSpec
@@ -48,29 +49,6 @@ DEFAULT_ENV = {
     "LANG": "C.UTF-8",
     "TMPDIR": "/tmp",
 }
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    """How one command ended. Exactly one of exit_code and signal is set, unless the
-    command could not start (error is set, exit_code 127)."""
-
-    exit_code: int | None
-    signal: int | None
-    stdout: bytes
-    stderr: bytes
-    stdout_truncated: bool  # more was written than SandboxSpec.output_limit
-    stderr_truncated: bool
-    timed_out: bool  # killed by Karotte at the timeout
-    oom_killed: bool  # the kernel's OOM killer acted in the sandbox during the exec
-    wall_seconds: float  # host monotonic clock, from request to exit report
-    cpu_seconds: float  # user + system time of the command and the children it waited for
-    peak_memory: int | None  # bytes, the sandbox cgroup's peak during the exec
-    error: str | None = None  # why the command could not start
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
 
 
 @dataclass(frozen=True)
@@ -347,8 +325,9 @@ class _ExecOp:
 class _Core:
     """State shared by the sync and async faces: creation, channel, teardown."""
 
-    def __init__(self, spec: SandboxSpec):
+    def __init__(self, spec: SandboxSpec, cgroup_parent: cgroups.Cgroup | None = None):
         self.spec = spec
+        self.cgroup_parent = cgroup_parent
         self.cgroup: cgroups.Cgroup | None = None
         self.sock: socket.socket | None = None
         self.pid: int | None = None
@@ -406,7 +385,8 @@ class _Core:
         try:
             return cgroups.create(
                 cgroups.leaf_name(),
-                cgroups.CgroupLimits(memory=spec.memory, pids=spec.pids, cpus=spec.cpus))
+                cgroups.CgroupLimits(memory=spec.memory, pids=spec.pids, cpus=spec.cpus),
+                parent=self.cgroup_parent)
         except (HostUnsupported, CgroupError) as exc:
             if "cgroups" in spec.allow_degraded:
                 return None  # the caller accepted: no memory, pids or CPU limit
@@ -577,8 +557,11 @@ class Sandbox:
             r = sb.exec(["python3", "-c", "print(42)"])
     """
 
-    def __init__(self, spec: SandboxSpec | None = None):
-        self._core = _Core(spec or SandboxSpec())
+    def __init__(self, spec: SandboxSpec | None = None, *,
+                 cgroup_parent: cgroups.Cgroup | None = None):
+        """cgroup_parent nests this sandbox's cgroup under another (which, on cgroup v2,
+        must hold no processes): its limits then bound this one too."""
+        self._core = _Core(spec or SandboxSpec(), cgroup_parent)
         self._core.start()
         poller = select.poll()
         poller.register(self._core.sock.fileno(), select.POLLIN)
@@ -768,6 +751,10 @@ class AsyncSandbox:
 
     async def kill_all(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._core.kill_all)
+
+    def kill_all_blocking(self) -> None:
+        """kill_all for a worker thread (custody runs there, next to the scan)."""
+        self._core.kill_all()
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._core.destroy)

@@ -263,6 +263,23 @@ def test_RES_MEM_01_memory_limit_oom_kills_and_is_counted(lab):
 
 
 @pytest.mark.cgroup2
+def test_a_nested_cgroup_is_bounded_by_its_parents_limit(lab):
+    # How a grader's untrusted runs sit beneath the grader: the parent holds no
+    # processes (v2's rule), its limit covers every child.
+    parent = lab.cgroup(memory=64 * MiB)
+    child = lab.backend.create(cgroups.leaf_name("run"), CgroupLimits(1024 * MiB, 64, 1.0),
+                               parent=parent)
+    try:
+        assert all(os.path.dirname(c) in parent.paths for c in child.paths)
+        proc = lab.start(child, "b = b'x' * (256 << 20)\nprint('survived', flush=True)\n")
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+        assert parent.oom_kills() + child.oom_kills() >= 1
+    finally:
+        child.destroy()
+    assert not any(os.path.exists(p) for p in child.paths)
+
+
+@pytest.mark.cgroup2
 @v2_only
 def test_RES_MEM_01_oom_kills_the_whole_group_on_v2(lab):
     cg = lab.cgroup(memory=64 * MiB)

@@ -174,7 +174,10 @@ def test_result_has_wall_cpu_and_peak_memory_measured_from_outside(sandbox):
     assert r.exit_code == 0
     assert r.cpu_seconds > 0.05
     assert r.wall_seconds >= r.cpu_seconds * 0.5
-    assert r.peak_memory >= 64 * MiB
+    if sandbox.cgroup.peak_resettable:
+        assert r.peak_memory >= 64 * MiB
+    else:  # cgroup v2 before Linux 6.12 cannot reset memory.peak: unknown, never stale
+        assert r.peak_memory is None
 
 
 def test_OUT_FLOOD_01_output_is_capped_and_host_memory_stays_bounded(no_leaks):

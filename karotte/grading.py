@@ -1,0 +1,250 @@
+"""Grading in a second, fresh sandbox, and the agent's programs in sandboxes nested under it.
+
+The grading sandbox shares no namespace with the agent's (that one is gone by now). It
+sees, read-only: the grader's code (a private copy of the environment's package and of
+Karotte's grader runtime) at /opt/karotte-lib, the hidden files at /hidden and the vetted
+copy of the deliverables at /submission. The grader reports over fd 3, a socket that
+only its own process holds; its stdout and stderr are logs, never the verdict.
+
+All of it sits under one cgroup P that holds no process itself: the grader's sandbox and
+every run of the agent's program are children of P, so P's limits bound them together,
+and each run has its own limits and is measured from outside.
+"""
+from __future__ import annotations
+
+import atexit
+import base64
+import json
+import math
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import cgroups
+from .environment import Environment, target_of
+from .errors import KarotteError
+from .grader_runtime import MAX_MSG, encode_result
+from .results import ExecResult
+from .sandbox import AGENT_UID, DEFAULT_UID_BASE, Sandbox
+from .spec import MiB, Bind, SandboxSpec
+
+LIB_MOUNT = "/opt/karotte-lib"
+PYTHON = "/usr/bin/python3"
+# The grader's entry: isolated mode (-I: no PYTHON* variables, no user site, no cwd on
+# sys.path), no bytecode writes (-B), and only the private library copy on sys.path.
+BOOT = (f"import sys; sys.path[:0] = [{LIB_MOUNT!r}]; "
+        "from karotte.grader_runtime import main; main()")
+RUNTIME_MODULES = ("__init__.py", "environment.py", "spec.py", "results.py", "grader_runtime.py")
+GRADER_LOG_LIMIT = 64 * 1024
+
+
+@dataclass(frozen=True)
+class GradeReport:
+    """What the grading phase found. reason is "graded" when grade() returned a usable
+    reward; anything else scores the bottom reward (the agent's submission made the
+    grader fail), unless infra_error says the infrastructure did."""
+
+    reward: float | None
+    reason: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+    log: str = ""  # the grader's stderr and stdout, capped
+    infra_error: str | None = None
+    runs: int = 0  # programs the grader ran through ctx.run
+
+
+def sandbox_owner() -> tuple[int, int]:
+    """Host uid and gid of a sandbox's processes (the grader runs as the agent uid too)."""
+    if os.geteuid() == 0:
+        base = int(os.environ.get("KAROTTE_UID_BASE", DEFAULT_UID_BASE))
+        return base + AGENT_UID, base + AGENT_UID
+    return os.geteuid(), os.getegid()
+
+
+def private_dir(tag: str) -> str:
+    """A fresh host directory only root and sandbox processes can read (mode 0700, owned
+    by the sandbox's host uid): bind sources of hidden data and submissions."""
+    path = tempfile.mkdtemp(prefix=f"karotte-{tag}-{os.getpid()}-")
+    os.chown(path, *sandbox_owner())
+    return path
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    """Source files of a package: no bytecode, no native builds, no links."""
+    for root, dirs, files in os.walk(src):
+        dirs[:] = [d for d in dirs if d not in ("__pycache__", "_bin", ".git")
+                   and not os.path.islink(os.path.join(root, d))]
+        rel = Path(root).relative_to(src)
+        (dst / rel).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            source = Path(root) / name
+            if source.is_symlink() or name.endswith((".pyc", ".so")):
+                continue
+            shutil.copyfile(source, dst / rel / name)
+
+
+@lru_cache(maxsize=None)
+def grader_library(package: str) -> str:
+    """A private copy of Karotte's grader runtime and of the environment's top-level
+    package, made once per process: the grader imports from it, read-only."""
+    import karotte
+
+    lib = Path(private_dir("lib"))
+    atexit.register(shutil.rmtree, lib, True)
+    karotte_src = Path(karotte.__file__).parent
+    (lib / "karotte").mkdir()
+    for name in RUNTIME_MODULES:
+        shutil.copyfile(karotte_src / name, lib / "karotte" / name)
+    if package == "karotte":
+        _copy_tree(karotte_src / "examples", lib / "karotte" / "examples")
+    else:
+        module = __import__(package)
+        origin = Path(module.__file__)
+        if origin.name == "__init__.py":
+            _copy_tree(origin.parent, lib / package)
+        else:
+            shutil.copyfile(origin, lib / origin.name)
+    for root, dirs, files in os.walk(lib):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), *sandbox_owner())
+    return str(lib)
+
+
+def write_files(directory: str, files: Mapping[str, bytes | str]) -> None:
+    """Write author-given files (relative paths, no '..') under directory."""
+    root = Path(directory)
+    for rel, content in files.items():
+        parts = Path(rel).parts
+        if not parts or Path(rel).is_absolute() or ".." in parts:
+            raise ValueError(f"file path must be relative and inside: {rel!r}")
+        target = root.joinpath(*parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content.encode() if isinstance(content, str) else content)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), *sandbox_owner())
+
+
+def run_grader(env: Environment, seed: int, submission: str) -> GradeReport:
+    """Grade the vetted submission directory in a fresh sandbox. Never raises for what
+    the submission does; raises KarotteError only if the host itself fails."""
+    target = target_of(env)
+    limits = env.grader_limits
+    lib = grader_library(target.split(".", 1)[0].split(":", 1)[0])
+    hidden = private_dir("hidden")
+    try:
+        write_files(hidden, env.hidden_files(seed))
+        parent = cgroups.create(
+            cgroups.leaf_name("grade"),
+            cgroups.CgroupLimits(memory=limits.memory, pids=limits.pids, cpus=limits.cpus))
+        try:
+            return _grade_in(parent, limits, lib, hidden, submission, target, seed)
+        finally:
+            parent.destroy()
+    finally:
+        shutil.rmtree(hidden, ignore_errors=True)
+
+
+def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, lib: str, hidden: str,
+              submission: str, target: str, seed: int) -> GradeReport:
+    spec = replace(limits, binds=limits.binds + (
+        Bind(lib, LIB_MOUNT), Bind(hidden, "/hidden"), Bind(submission, "/submission")))
+    deadline = time.monotonic() + limits.timeout
+    host_end, grader_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    outcome: dict[str, Any] = {}
+    try:
+        with Sandbox(spec, cgroup_parent=parent) as sandbox:
+            def grade() -> None:
+                try:
+                    outcome["exec"] = sandbox.exec(
+                        [PYTHON, "-I", "-B", "-c", BOOT, target, str(seed)],
+                        timeout=limits.timeout, pass_fds=[grader_end.fileno()])
+                except BaseException as exc:  # reported as an infrastructure failure
+                    outcome["exec_error"] = exc
+                finally:
+                    grader_end.close()  # the grader holds the only other copy now
+
+            worker = threading.Thread(target=grade, name="karotte-grader", daemon=True)
+            worker.start()
+            final, runs = _serve(host_end, parent, submission, deadline)
+            worker.join()
+    finally:
+        host_end.close()
+        if grader_end.fileno() >= 0:
+            grader_end.close()
+    if "exec_error" in outcome:
+        raise KarotteError(f"the grading sandbox failed: {outcome['exec_error']}")
+    return _report(final, outcome["exec"], runs)
+
+
+def _serve(channel: socket.socket, parent: cgroups.Cgroup, submission: str,
+           deadline: float) -> tuple[dict | None, int]:
+    """Answer the grader's requests until it reports (or its channel closes)."""
+    runs = 0
+    while True:
+        try:
+            data = channel.recv(MAX_MSG)
+        except OSError:
+            return None, runs
+        if not data:
+            return None, runs
+        try:
+            request = json.loads(data)
+            op = request["op"]
+        except (ValueError, KeyError, TypeError):
+            return {"op": "invalid", "why": "malformed message on the grading channel"}, runs
+        if op != "run":
+            return request, runs
+        runs += 1
+        try:
+            reply = {"result": encode_result(_run_nested(request, parent, submission, deadline))}
+        except (KarotteError, ValueError, TypeError, KeyError, OSError) as exc:
+            reply = {"error": f"run failed: {exc}"}
+        try:
+            channel.send(json.dumps(reply).encode())
+        except OSError:
+            return None, runs
+
+
+def _run_nested(request: dict, parent: cgroups.Cgroup, submission: str,
+                deadline: float) -> ExecResult:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise ValueError("the grading time is used up")
+    spec = SandboxSpec(memory=int(request["memory"]), pids=int(request["pids"]),
+                       cpus=float(request["cpus"]), timeout=min(float(request["timeout"]), left),
+                       output_limit=int(request["output_limit"]),
+                       binds=(Bind(submission, "/workspace"),))
+    argv = [str(a) for a in request["argv"]]
+    stdin = base64.b64decode(request["stdin"])
+    with Sandbox(spec, cgroup_parent=parent) as run:
+        return run.exec(argv, stdin=stdin)
+
+
+def _report(final: dict | None, grader: ExecResult, runs: int) -> GradeReport:
+    log = (grader.stderr[-GRADER_LOG_LIMIT:] + grader.stdout[-GRADER_LOG_LIMIT:]).decode(
+        "utf-8", errors="replace")
+    if final is None:
+        if grader.timed_out:
+            return GradeReport(None, "grader_timeout", log=log, runs=runs)
+        if grader.oom_killed:
+            return GradeReport(None, "grader_out_of_memory", log=log, runs=runs)
+        return GradeReport(None, "grader_crashed", log=log, runs=runs)
+    op = final.get("op")
+    if op == "crashed":
+        return GradeReport(None, "grader_crashed", log=final.get("traceback", "") + log, runs=runs)
+    if op != "done":
+        return GradeReport(None, "invalid_reward", {"why": str(final.get("why", op))}, log, runs=runs)
+    reward = final.get("reward")
+    if not isinstance(reward, (int, float)) or isinstance(reward, bool):
+        return GradeReport(None, "invalid_reward", log=log, runs=runs)
+    if not math.isfinite(reward):
+        return GradeReport(None, "non_finite_reward", {"reward": repr(reward)}, log, runs=runs)
+    details = final.get("details") if isinstance(final.get("details"), dict) else {}
+    return GradeReport(float(reward), "graded", details, log, runs=runs)

@@ -1,0 +1,1 @@
+"""Small environments that the episode tests play against (importable as envs.NAME)."""
