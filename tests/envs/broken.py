@@ -1,0 +1,28 @@
+"""Environments whose grader misbehaves, or whose limits make a behaviour visible."""
+from dataclasses import replace
+
+from karotte.environment import Environment, Grade
+from karotte.spec import Bind, SandboxSpec
+
+from .basic import Addition
+
+
+class CrashingGrader(Addition):
+    """Its grader divides by the length of a line the agent may leave empty."""
+
+    def grade(self, ctx):
+        answer = ctx.read_deliverable("answer.txt") or b""
+        return Grade(1 / (len(answer.splitlines()) - 1))
+
+
+class GraderCannotStart(Addition):
+    """Its grading sandbox asks for a bind source that does not exist on the host."""
+
+    grader_limits = replace(Environment.grader_limits,
+                            binds=(Bind("/nonexistent/karotte-grader-data", "/data"),))
+
+
+class TinyOutput(Addition):
+    """Keeps only 4 KiB of each stream of a command."""
+
+    limits = SandboxSpec(output_limit=4096)
