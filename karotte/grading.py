@@ -69,10 +69,25 @@ def sandbox_owner() -> tuple[int, int]:
 
 def private_dir(tag: str) -> str:
     """A fresh host directory only root and sandbox processes can read (mode 0700, owned
-    by the sandbox's host uid): bind sources of hidden data and submissions."""
-    path = tempfile.mkdtemp(prefix=f"karotte-{tag}-{os.getpid()}-")
+    by the sandbox's host uid): bind sources of hidden data and submissions. Its name
+    names its creator, like a sandbox cgroup's, so `gc` can remove it after a crash."""
+    path = os.path.join(tempfile.gettempdir(), cgroups.leaf_name(tag))
+    os.mkdir(path, 0o700)
     os.chown(path, *sandbox_owner())
     return path
+
+
+def find_stale_dirs() -> list[str]:
+    """Private directories (see private_dir) whose creator is gone."""
+    top = tempfile.gettempdir()
+    stale = []
+    for name in sorted(os.listdir(top)):
+        try:
+            if not cgroups.creator_alive(name):
+                stale.append(os.path.join(top, name))
+        except ValueError:  # not one of ours
+            continue
+    return stale
 
 
 def _copy_tree(src: Path, dst: Path) -> None:

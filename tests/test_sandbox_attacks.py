@@ -358,11 +358,12 @@ def test_FS_SPECIAL_01_no_device_nodes_or_mounts_can_be_made(sandbox):
 
 HOST_SCRIPT = """
 import json, sys, time
+from karotte.grading import private_dir
 from karotte.sandbox import Sandbox
 boxes = [Sandbox() for _ in range(3)]
 for b in boxes:
     b.exec("sleep 1000 & (setsid sleep 1000 &)")
-print(json.dumps({"inits": [b.init_pid for b in boxes],
+print(json.dumps({"inits": [b.init_pid for b in boxes], "dir": private_dir("hidden"),
                   "pids": [b.cgroup.pids() for b in boxes]}), flush=True)
 time.sleep(1000)
 """
@@ -388,4 +389,5 @@ def test_sigkill_of_the_host_process_takes_its_sandboxes_down_and_gc_cleans_up(n
                        timeout=60)
     assert r.returncode == 0, r.stderr
     assert b"removed cgroup" in r.stdout
-    assert cgroups.find_stale() == []
+    assert f"removed directory {info['dir']}".encode() in r.stdout
+    assert cgroups.find_stale() == [] and not os.path.exists(info["dir"])

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import select
+import shutil
 import signal
 import sys
 import termios
@@ -205,21 +206,25 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    stale = cgroups.find_stale()
-    if not stale:
+    from ..grading import find_stale_dirs
+
+    work = [("cgroup", path, cgroups.remove_stale, "(and killed what was in it)")
+            for path in cgroups.find_stale()]
+    work += [("directory", path, shutil.rmtree, "") for path in find_stale_dirs()]
+    if not work:
         print("nothing to clean up")
         return 0
     failed = 0
-    for path in stale:
+    for what, path, remove, note in work:
         if args.dry_run:
-            print(f"would remove cgroup {path}")
+            print(f"would remove {what} {path}")
             continue
         try:
-            cgroups.remove_stale(path)
-            print(f"removed cgroup {path} (and killed what was in it)")
+            remove(path)
+            print(f"removed {what} {path} {note}".rstrip())
         except (KarotteError, OSError) as exc:
             failed += 1
-            print(f"could not remove cgroup {path}: {exc}", file=sys.stderr)
+            print(f"could not remove {what} {path}: {exc}", file=sys.stderr)
     return 1 if failed else 0
 
 
@@ -253,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("gc", help="remove what crashed runs left behind (cgroups and the "
-                                  "processes in them)")
+                                  "processes in them, private temporary directories)")
     p.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     p.set_defaults(func=cmd_gc)
     return parser
