@@ -376,8 +376,10 @@ class _Core:
                 self.cgroup.add(self.pid)
             self.send(p.Message(p.GO).to_bytes(), [])
             self.send(_config_message(spec, ident), [])
-        except BaseException:
+        except BaseException as exc:
             self.destroy()
+            if _out_of_fds(exc):
+                raise _fd_exhaustion() from exc
             raise
 
     def _make_cgroup(self) -> cgroups.Cgroup | None:
@@ -410,6 +412,9 @@ class _Core:
                 _write_proc(self.pid, "oom_score_adj", "-1000")
             except PermissionError:
                 pass
+            except OSError as exc:
+                self.destroy()
+                raise (_fd_exhaustion() if _out_of_fds(exc) else exc) from exc
             return
         for fd in fds:
             os.close(fd)
@@ -442,11 +447,16 @@ class _Core:
 
     def recv_with_fds(self) -> tuple[p.Reply | None, list[int]]:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(self.sock, p.MAX_MSG, 4)
+            data, fds, flags, _addr = socket.recv_fds(self.sock, p.MAX_MSG, 4)
         except (BlockingIOError, InterruptedError):
             raise
         except OSError:
             return None, []
+        if flags & socket.MSG_CTRUNC:  # the kernel dropped fds we had no room for
+            for fd in fds:
+                os.close(fd)
+            self.mark_broken("file descriptors sent by init were dropped")
+            raise _fd_exhaustion()
         if not data:
             return None, fds
         return p.parse(data), fds
@@ -513,7 +523,9 @@ class _Core:
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            exited = select.select([self.pidfd], [], [], KILL_GRACE)[0]
+            waiter = select.poll()  # not select(): fds above 1024 are common here
+            waiter.register(self.pidfd, select.POLLIN)
+            exited = bool(waiter.poll(KILL_GRACE * 1000))
         if self.cgroup is not None:
             self.cgroup.kill_all()
         if self.pidfd is not None:
@@ -543,6 +555,22 @@ class _Core:
                 self.cgroup = None
 
 
+def _fd_exhaustion() -> SandboxError:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return SandboxError(
+        f"this process is out of file descriptors ({len(os.listdir('/proc/self/fd'))} open, "
+        f"RLIMIT_NOFILE {soft}); a live sandbox holds 3 and each exec 3 more for a moment: "
+        "raise the limit (ulimit -n, or resource.setrlimit) or close sandboxes")
+
+
+def _out_of_fds(exc: BaseException | None) -> bool:
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def _spawn_error(exc: OSError) -> Exception:
     if exc.errno in (errno.EPERM, errno.EACCES, errno.ENOSPC, errno.EUSERS):
         from .probe import userns_blocker
@@ -565,10 +593,14 @@ class Sandbox:
         self._core.start()
         poller = select.poll()
         poller.register(self._core.sock.fileno(), select.POLLIN)
-        if not poller.poll(SETUP_TIMEOUT * 1000):
+        try:
+            if not poller.poll(SETUP_TIMEOUT * 1000):
+                raise SandboxError(f"karotte-init did not get ready within {SETUP_TIMEOUT:.0f} s")
+            reply, fds = self._core.recv_with_fds()
+        except BaseException:
             self._core.destroy()
-            raise SandboxError(f"karotte-init did not get ready within {SETUP_TIMEOUT:.0f} s")
-        self._core.finish_start(*self._core.recv_with_fds())
+            raise
+        self._core.finish_start(reply, fds)
 
     @property
     def spec(self) -> SandboxSpec:
@@ -718,7 +750,12 @@ class AsyncSandbox:
                     f"karotte-init did not get ready within {SETUP_TIMEOUT:.0f} s") from None
             raise
         loop.remove_reader(fd)
-        core.finish_start(*core.recv_with_fds())
+        try:
+            reply, fds = core.recv_with_fds()
+        except BaseException:
+            await loop.run_in_executor(None, core.destroy)
+            raise
+        core.finish_start(reply, fds)
         self._started = True
         return self
 

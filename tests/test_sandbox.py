@@ -5,6 +5,7 @@ import asyncio
 import hashlib
 import json
 import os
+import resource
 import signal
 import stat
 import time
@@ -339,3 +340,31 @@ def test_pass_fds_gives_the_command_a_private_channel_and_nothing_else(sandbox):
         os.close(r_fd)
         if w_fd >= 0:
             os.close(w_fd)
+
+
+def test_sandboxes_work_when_the_caller_holds_fds_above_1024(no_leaks):
+    # Trainers hold many fds; nothing on the spawn, exec or kill path may use select().
+    held = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+        with Sandbox() as sb:
+            assert sb.workspace_fd > 1024
+            assert sb.exec(["echo", "ok"]).stdout == b"ok\n"
+            sb.exec("sleep 100 &")
+            sb.kill_all()
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+def test_running_out_of_fds_is_named_as_the_cause(no_leaks):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # none to spare: the listing counts its own fd
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) - 1, hard))
+    try:
+        with pytest.raises(SandboxError, match="out of file descriptors"):
+            with Sandbox():
+                pass
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -174,7 +174,10 @@ def _relay(master: int, stdin_fd: int, wake_r: int) -> None:
     watch = [master, stdin_fd, wake_r]
     ended = False
     while master in watch:
-        ready, _, _ = select.select(watch, [], [], 0.1 if ended else None)
+        poller = select.poll()
+        for fd in watch:
+            poller.register(fd, select.POLLIN)
+        ready = [fd for fd, _ in poller.poll(100 if ended else None)]
         if not ready and ended:
             return
         if master in ready:
