@@ -251,6 +251,11 @@ static void make_dirs(const char *dst, mode_t mode)
         errno = ENAMETOOLONG;
         setup_fail("path %s", dst);
     }
+    /* Usually the parent exists (the plan goes top-down): one mkdir. */
+    if (mkdir(path, mode) == 0 || errno == EEXIST)
+        return;
+    if (errno != ENOENT)
+        setup_fail("mkdir %s", dst);
     for (char *p = path + strlen(NEWROOT) + 1; *p; p++) {
         if (*p != '/')
             continue;
@@ -366,9 +371,6 @@ static void do_mount(const struct kp_mount *m, const char *src, const char *dst,
     case KM_FILE:
         make_parent_dirs(dst);
         write_file(target, src, srclen, m->mode);
-        return;
-    case KM_SEAL:
-        set_mount_attrs(target, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0);
         return;
     }
     errno = EINVAL;

@@ -73,7 +73,6 @@ enum {
     KM_SYMLINK = 5, /* symlink dst -> src */
     KM_DIR = 6,     /* mkdir dst with mode, uid, gid */
     KM_FILE = 7,    /* file dst with content src (len in size), mode */
-    KM_SEAL = 8,    /* apply flags (read-only) to the mount at dst, after everything else */
 };
 
 #define KMF_RDONLY 0x1 /* read-only */

@@ -24,6 +24,7 @@ namespace: ``gc`` must run in the PID namespace of the processes that create san
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import math
 import os
@@ -789,6 +790,7 @@ def backend(version: int) -> Backend:
     raise ValueError(f"cgroup version must be 1 or 2, got {version!r}")
 
 
+@functools.lru_cache(maxsize=1)
 def detect() -> Backend:
     """v2 where it offers memory, pids and cpu to our parent cgroup, else v1."""
     try:

@@ -13,7 +13,7 @@ from functools import lru_cache
 from importlib import resources
 
 from . import protocol as p
-from .spec import MiB, SandboxSpec
+from .spec import SandboxSpec
 
 WORKSPACE = "/workspace"
 HOME = "/home/agent"
@@ -70,8 +70,8 @@ def add_mount_plan(msg: p.Message, spec: SandboxSpec, agent_uid: int, agent_gid:
     for name in rootfs.host_etc:
         msg.mount(p.M_BIND, f"/etc/{name}", f"/etc/{name}", flags=p.MF_RDONLY | p.MF_OPTIONAL)
 
-    # /dev: a small tmpfs holding binds of a few harmless character devices.
-    msg.mount(p.M_TMPFS, "/dev", "", mode=0o755, size=1 * MiB, inodes=256)
+    # /dev: in the read-only root, binds of a few harmless character devices. (Not a
+    # tmpfs of its own: each superblock costs the kernel memory in every memory cgroup.)
     for dev in rootfs.devices:
         msg.mount(p.M_BIND, f"/dev/{dev}", f"/dev/{dev}", flags=p.MF_DEV)
     msg.mount(p.M_DEVPTS, "/dev/pts")
@@ -98,4 +98,3 @@ def add_mount_plan(msg: p.Message, spec: SandboxSpec, agent_uid: int, agent_gid:
         msg.mount(p.M_BIND, os.path.normpath(bind.dst), os.path.realpath(bind.src),
                   flags=0 if bind.writable else p.MF_RDONLY)
 
-    msg.mount(p.M_SEAL, "/dev")
