@@ -198,6 +198,11 @@ class Episode:
     def env(self) -> Environment:
         return self._flow.env
 
+    @property
+    def done(self) -> bool:
+        """Whether the episode has ended (finish() or give_up())."""
+        return self._flow.finished is not None
+
     def reset(self) -> str:
         """Start the agent's sandbox with the task's files; returns the prompt."""
         flow = self._flow
