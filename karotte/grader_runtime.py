@@ -27,6 +27,11 @@ from .results import ExecResult
 
 CHANNEL_FD = 3
 MAX_MSG = 256 * 1024
+# The host's reply to a run goes as SEQPACKET records of at most REPLY_CHUNK bytes, the
+# first byte of each saying whether more follow: one record cannot exceed the socket's
+# send buffer (about 200 KiB by default), and a run's output alone may be 1 MiB.
+REPLY_CHUNK = 64 * 1024
+MORE, LAST = b"+", b"."
 SUBMISSION = Path("/submission")
 HIDDEN = Path("/hidden")
 MiB = 1024 * 1024
@@ -53,6 +58,29 @@ def encode_result(result: ExecResult) -> dict:
     out["stdout"] = base64.b64encode(result.stdout).decode()
     out["stderr"] = base64.b64encode(result.stderr).decode()
     return out
+
+
+def send_reply(channel: socket.socket, data: bytes) -> None:
+    """The host's side: data as records of at most REPLY_CHUNK bytes, tagged MORE or LAST."""
+    for start in range(0, max(len(data), 1), REPLY_CHUNK):
+        end = start + REPLY_CHUNK
+        channel.send((LAST if end >= len(data) else MORE) + data[start:end])
+
+
+def recv_reply(channel: socket.socket, limit: int) -> bytes:
+    """The grader's side of send_reply: the whole reply, at most `limit` bytes."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        record = channel.recv(REPLY_CHUNK + 1)
+        if not record:
+            raise GraderError("the host closed the grading channel")
+        size += len(record) - 1
+        if size > limit or record[:1] not in (MORE, LAST):
+            raise GraderError("malformed reply on the grading channel")
+        parts.append(record[1:])
+        if record[:1] == LAST:
+            return b"".join(parts)
 
 
 def decode_result(obj: dict) -> ExecResult:
@@ -93,7 +121,8 @@ class GradeContext:
             stdin = stdin.encode()
         reply = self._call({"op": "run", "argv": list(argv), "timeout": timeout,
                             "stdin": base64.b64encode(stdin).decode(), "memory": memory,
-                            "pids": pids, "cpus": cpus, "output_limit": output_limit})
+                            "pids": pids, "cpus": cpus, "output_limit": output_limit},
+                           reply_limit=3 * output_limit + MAX_MSG)
         return decode_result(reply["result"])
 
     def compare_speed(self, candidate: Sequence[str], baseline: Sequence[str],
@@ -125,12 +154,9 @@ class GradeContext:
         return SpeedComparison(cand, base, base / cand if cand > 0 else math.inf,
                                tuple((o[0], o[1]) for o in outputs), tuple(failures))
 
-    def _call(self, request: dict) -> dict:
+    def _call(self, request: dict, reply_limit: int) -> dict:
         self._channel.send(json.dumps(request).encode())
-        data = self._channel.recv(MAX_MSG)
-        if not data:
-            raise GraderError("the host closed the grading channel")
-        reply = json.loads(data)
+        reply = json.loads(recv_reply(self._channel, reply_limit))
         if "error" in reply:
             raise GraderError(reply["error"])
         return reply

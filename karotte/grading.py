@@ -30,7 +30,7 @@ from typing import Any, Mapping
 from . import cgroups
 from .environment import Environment, target_of
 from .errors import KarotteError
-from .grader_runtime import MAX_MSG, encode_result
+from .grader_runtime import MAX_MSG, encode_result, send_reply
 from .results import ExecResult
 from .sandbox import AGENT_UID, DEFAULT_UID_BASE, Sandbox
 from .spec import MiB, Bind, SandboxSpec
@@ -188,6 +188,9 @@ def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, lib: str, hidden: str
             worker = threading.Thread(target=grade, name="karotte-grader", daemon=True)
             worker.start()
             final, runs = _serve(host_end, parent, submission, deadline)
+            # A grader still waiting on the channel (its reply could not be sent) sees
+            # EOF now and ends, instead of hanging until its timeout.
+            host_end.shutdown(socket.SHUT_RDWR)
             worker.join()
     finally:
         host_end.close()
@@ -222,7 +225,7 @@ def _serve(channel: socket.socket, parent: cgroups.Cgroup, submission: str,
         except (KarotteError, ValueError, TypeError, KeyError, OSError) as exc:
             reply = {"error": f"run failed: {exc}"}
         try:
-            channel.send(json.dumps(reply).encode())
+            send_reply(channel, json.dumps(reply).encode())
         except OSError:
             return None, runs
 
