@@ -1,0 +1,595 @@
+"""Custody scan: walk the agent's workspace inode by inode and copy what passes.
+
+After the sandbox is killed (D1), the host holds a directory fd of the agent's
+/workspace tmpfs. scan_and_copy walks it relative to that fd and copies every
+accepted regular file and directory into a fresh host tree (D2). Everything else is
+a Violation that names the path (escaped), what it is and the rule it broke (D3, D4).
+
+Why it is safe, step by step:
+- Every name is looked up relative to an fd we hold (openat/fstatat), never as a
+  joined path, so no symlink, rename or `..` can move the walk outside the tree.
+- lstat (fstatat with AT_SYMLINK_NOFOLLOW) decides the type before anything is
+  opened: a FIFO, socket, device or symlink is rejected without an open, so a FIFO
+  cannot block us and a device cannot be read (FS-FIFO-01, FS-SPECIAL-01).
+- Opens carry O_NOFOLLOW (a symlink swapped in after lstat fails with ELOOP) and
+  O_NONBLOCK (a FIFO swapped in cannot block); fstat on the opened fd must show the
+  inode lstat saw. The bytes are read from that very fd (FS-TOCTOU-01).
+- The copy is made of new inodes created with O_EXCL in dest fds we hold, with
+  normalised modes, owned by the caller, without xattrs (FS-MODE-01).
+- The walk is iterative and every budget is checked as it goes: depth, entries,
+  file size, total size, name length, path bytes and wall time (D4).
+"""
+from __future__ import annotations
+
+import errno
+import math
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass
+
+from .errors import KarotteError
+from .spec import KiB, MiB
+
+__all__ = [
+    "ScanError", "ScanLimits", "Violation", "ScannedFile", "ScanResult", "VIOLATION_KINDS",
+    "scan_and_copy", "escape",
+]
+
+SPARSE_MIN_SIZE = 64 * KiB  # smaller files are never called sparse: their holes cost little
+MAX_DEPTH_LIMIT = 256  # the walk holds two fds per level (source and copy)
+_CHUNK = 1 * MiB
+
+# Agent inodes: never follow a link, never block, never leak into a child.
+_SRC_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_SRC_DIR_FLAGS = _SRC_FLAGS | os.O_DIRECTORY
+# O_NOCTTY: should a tty ever get here, it cannot become our controlling terminal.
+_SRC_FILE_FLAGS = _SRC_FLAGS | os.O_NOCTTY
+# The copy: only ever a new inode, never through a link.
+_DST_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_DST_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+# open() errors that mean the entry is no longer what lstat saw.
+_CHANGED_ERRNOS = {errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.ENODEV}
+
+RULE_TYPES = "D3 file types: only regular files and directories"
+RULE_HARDLINK = "D3 hard links: a regular file must have st_nlink == 1"
+RULE_MODE = "D2 modes: no setuid, setgid or sticky bits"
+RULE_CHANGED = "D2 fd walk: lstat, the opened fd and the copy must see one unchanged inode"
+RULE_UNREADABLE = "D2 fd walk: the host must be able to read the entry"
+RULE_NAME = "D2 names: a name is one path component, not '.' or '..'"
+
+_SPECIAL_KINDS = {
+    stat.S_IFLNK: ("symlink", "symlink not allowed"),
+    stat.S_IFIFO: ("fifo", "FIFO not allowed"),
+    stat.S_IFSOCK: ("socket", "socket not allowed"),
+    stat.S_IFBLK: ("block-device", "block device not allowed"),
+    stat.S_IFCHR: ("char-device", "character device not allowed"),
+}
+
+VIOLATION_KINDS = frozenset({
+    "symlink", "fifo", "socket", "block-device", "char-device", "unknown-type",
+    "hardlink", "setuid", "setgid", "sticky", "sparse", "file-too-large",
+    "total-too-large", "too-many-entries", "too-deep", "name-too-long", "paths-too-long",
+    "scan-timeout", "unreadable", "changed-during-scan", "invalid-name",
+})
+
+
+class ScanError(KarotteError):
+    """The scan could not run: a bad workspace fd or dest_dir, or a host-side failure
+    while writing the copy. Never caused by what the agent left in its workspace."""
+
+
+@dataclass(frozen=True)
+class ScanLimits:
+    """D4 budgets. Each default is far above what an honest RL workspace holds."""
+
+    max_depth: int = 32  # path components below the workspace root
+    max_entries: int = 100_000  # directory entries read, of any type
+    max_file_size: int = 64 * MiB  # st_size of one regular file (not its blocks)
+    max_total_size: int = 256 * MiB  # bytes copied, all files together
+    max_name_length: int = 255  # bytes of one name
+    max_seconds: float = 10.0  # wall time of the whole scan and copy
+    sparse_ratio: float = 0.5  # sparse: st_blocks*512 < st_size*ratio (st_size > 64 KiB)
+    max_path_bytes: int = 64 * MiB  # path text the result holds (raw and escaped forms)
+
+    def __post_init__(self):
+        for name in ("max_depth", "max_entries", "max_file_size", "max_total_size",
+                     "max_name_length", "max_path_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"ScanLimits.{name} must be a positive integer, got {value!r}")
+        if self.max_depth > MAX_DEPTH_LIMIT:
+            raise ValueError(f"ScanLimits.max_depth is at most {MAX_DEPTH_LIMIT} (the walk holds "
+                             f"two fds per level), got {self.max_depth}")
+        if not (isinstance(self.max_seconds, (int, float)) and math.isfinite(self.max_seconds)
+                and self.max_seconds > 0):
+            raise ValueError(f"ScanLimits.max_seconds must be positive seconds, "
+                             f"got {self.max_seconds!r}")
+        if not (isinstance(self.sparse_ratio, (int, float)) and 0 <= self.sparse_ratio <= 1):
+            raise ValueError(f"ScanLimits.sparse_ratio must be in [0, 1] (0 turns the check "
+                             f"off), got {self.sparse_ratio!r}")
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One rejected entry or one budget that stopped the walk."""
+
+    path: str  # relative to the workspace root, escaped (see escape); "." is the root
+    kind: str  # one of VIOLATION_KINDS
+    rule: str  # the invariant, e.g. "D4 budget: max_file_size=67108864"
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ScannedFile:
+    """A regular file that passed and was copied."""
+
+    path: str  # relative, escaped
+    raw: bytes  # relative, the exact bytes of the names joined by b"/"
+    size: int  # bytes copied (the st_size that was checked)
+    mode: int  # the copy's permission bits: 0o644, or 0o755 if the agent set any x bit
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    files: tuple[ScannedFile, ...]  # accepted regular files, in walk order
+    dirs: tuple[str, ...]  # accepted directories (escaped), in walk order
+    violations: tuple[Violation, ...]
+    complete: bool  # False if a budget (depth, entries, size, paths, time) cut the walk short
+    seconds: float
+
+
+_PLAIN = re.compile(rb"[\x20-\x5b\x5d-\x7e]*")  # printable ASCII except the backslash
+
+
+def escape(raw: bytes) -> str:
+    r"""A path as safe text for logs: printable UTF-8 stays, every other byte (control
+    characters, invalid UTF-8, the backslash itself) becomes \xNN. One form per path."""
+    if _PLAIN.fullmatch(raw):
+        return raw.decode("ascii")
+    out = []
+    for ch in raw.decode("utf-8", "surrogateescape"):
+        if ch != "\\" and ch.isprintable():  # lone surrogates (bad bytes) are not printable
+            out.append(ch)
+        else:
+            out.extend(f"\\x{b:02x}" for b in ch.encode("utf-8", "surrogateescape"))
+    return "".join(out)
+
+
+def _human(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    size = n / 1024
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} PiB"
+
+
+def _lstat(name: bytes, dir_fd: int) -> os.stat_result:
+    """fstatat(dir_fd, name, AT_SYMLINK_NOFOLLOW): what the entry is, without opening it."""
+    return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_dev, st.st_ino, stat.S_IFMT(st.st_mode)
+
+
+def _fingerprint(st: os.stat_result) -> tuple[int, ...]:
+    # ctime moves on any write, truncate, chmod or link, so a live writer shows here.
+    return (st.st_dev, st.st_ino, st.st_mode, st.st_nlink, st.st_size, st.st_mtime_ns,
+            st.st_ctime_ns)
+
+
+class _Stop(Exception):
+    """A budget ran out: the walk ends here (the violation is already recorded)."""
+
+
+class _Frame:
+    """One directory being walked: its fd, the fd of its copy, and the names left."""
+
+    __slots__ = ("src", "dst", "raw", "depth", "names", "next")
+
+    def __init__(self, src: int, dst: int, raw: bytes, depth: int, names: list[bytes]):
+        self.src, self.dst, self.raw, self.depth, self.names = src, dst, raw, depth, names
+        self.next = 0
+
+    def close(self) -> None:
+        os.close(self.src)
+        os.close(self.dst)
+
+
+class _Walk:
+    def __init__(self, limits: ScanLimits, start: float):
+        self.limits = limits
+        self.deadline = start + limits.max_seconds
+        self.files: list[ScannedFile] = []
+        self.dirs: list[str] = []
+        self.violations: list[Violation] = []
+        self.complete = True
+        self.entries = 0
+        self.total = 0
+        self.path_bytes = 0
+        self.buf = memoryview(bytearray(_CHUNK))
+
+    # -- recording
+
+    def _charge(self, raw: bytes, path: str) -> None:
+        """Count path text against max_path_bytes, so many long deep names cannot make
+        the result (and the host's memory) grow past a bound."""
+        self.path_bytes += len(raw) + len(path)
+        if self.path_bytes > self.limits.max_path_bytes:
+            self._stop(raw, "paths-too-long", f"max_path_bytes={self.limits.max_path_bytes}",
+                       "the paths of the entries read so far exceed the budget")
+
+    def _violate(self, raw: bytes, kind: str, rule: str, detail: str = "") -> None:
+        path = escape(raw) if raw else "."
+        self._charge(raw, path)
+        self.violations.append(Violation(path, kind, rule, detail))
+
+    def _stop(self, raw: bytes, kind: str, budget: str, detail: str) -> None:
+        self.violations.append(Violation(escape(raw) if raw else ".", kind,
+                                         f"D4 budget: {budget}", detail))
+        self.complete = False
+        raise _Stop
+
+    def _check_time(self, raw: bytes) -> None:
+        if time.monotonic() > self.deadline:
+            self._stop(raw, "scan-timeout", f"max_seconds={self.limits.max_seconds:g}",
+                       f"stopped after {self.limits.max_seconds:g} s")
+
+    # -- the walk
+
+    def run(self, root: _Frame) -> None:
+        stack = [root]
+        try:
+            while stack:
+                frame = stack[-1]
+                if frame.next == len(frame.names):
+                    stack.pop().close()
+                    continue
+                name = frame.names[frame.next]
+                frame.next += 1
+                child = self._entry(frame, name)
+                if child is not None:
+                    stack.append(child)
+        except _Stop:
+            pass
+        finally:
+            for frame in stack:
+                frame.close()
+
+    def list_dir(self, fd: int, raw: bytes, depth: int) -> list[bytes] | None:
+        """The names in a directory, sorted, within the entry and depth budgets; None if
+        it cannot be read. Names are bytes, exactly as the kernel has them."""
+        limits = self.limits
+        names: list[bytes] = []
+        try:
+            # os.scandir reads lazily (getdents), so a huge directory is never read past
+            # the budget; it works on its own dup of fd.
+            with os.scandir(fd) as it:
+                if depth == limits.max_depth:
+                    if next(it, None) is not None:
+                        self.complete = False
+                        self._violate(raw, "too-deep", f"D4 budget: max_depth={limits.max_depth}",
+                                      f"entries below depth {limits.max_depth} were not read")
+                    return names
+                room = limits.max_entries - self.entries
+                for entry in it:
+                    if len(names) == room:
+                        self.complete = False
+                        self._violate(raw, "too-many-entries",
+                                      f"D4 budget: max_entries={limits.max_entries}",
+                                      f"the workspace has more than {limits.max_entries} entries;"
+                                      " the rest of this directory was not read")
+                        break
+                    names.append(os.fsencode(entry.name))
+                    if len(names) % 4096 == 0:
+                        self._check_time(raw)
+        except OSError as exc:
+            self._violate(raw, "unreadable", RULE_UNREADABLE, f"listing failed: {exc.strerror}")
+            return None
+        finally:
+            self.entries += len(names)
+        names.sort()
+        return names
+
+    def _entry(self, parent: _Frame, name: bytes) -> _Frame | None:
+        raw = parent.raw + b"/" + name if parent.raw else name
+        self._check_time(raw)
+        limits = self.limits
+        # The kernel never returns these, but a name that is not one component is the one
+        # thing that could make a dir_fd-relative create land outside dest_dir.
+        if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
+            self._violate(raw, "invalid-name", RULE_NAME)
+            return None
+        if len(name) > limits.max_name_length:
+            self._violate(raw, "name-too-long",
+                          f"D4 budget: max_name_length={limits.max_name_length}",
+                          f"name of {len(name)} bytes")
+            return None
+        try:
+            st = _lstat(name, parent.src)
+        except FileNotFoundError:
+            self._violate(raw, "changed-during-scan", RULE_CHANGED,
+                          "gone between listing and lstat")
+            return None
+        except OSError as exc:
+            self._violate(raw, "unreadable", RULE_UNREADABLE, f"lstat failed: {exc.strerror}")
+            return None
+        fmt = stat.S_IFMT(st.st_mode)
+        if fmt == stat.S_IFDIR:
+            return self._dir(parent, name, raw, st)
+        if fmt == stat.S_IFREG:
+            self._file(parent, name, raw, st)
+            return None
+        # Rejected on lstat alone: a FIFO, socket, device or symlink is never opened.
+        kind, detail = _SPECIAL_KINDS.get(fmt, ("unknown-type", f"file type {fmt:#o}"))
+        self._violate(raw, kind, RULE_TYPES, detail)
+        return None
+
+    def _open(self, parent: _Frame, name: bytes, raw: bytes, st: os.stat_result,
+              flags: int) -> tuple[int, os.stat_result] | None:
+        """Open the entry lstat saw and prove, by fstat on the fd, that it is the same
+        inode of the same type. Returns the fd and its fstat, or None (recorded)."""
+        try:
+            fd = os.open(name, flags, dir_fd=parent.src)
+        except OSError as exc:
+            if exc.errno in _CHANGED_ERRNOS:
+                self._violate(raw, "changed-during-scan", RULE_CHANGED,
+                              f"open after lstat failed: {exc.strerror}")
+            else:
+                self._violate(raw, "unreadable", RULE_UNREADABLE, f"open failed: {exc.strerror}")
+            return None
+        try:
+            fst = os.fstat(fd)
+        except OSError as exc:
+            os.close(fd)
+            self._violate(raw, "unreadable", RULE_UNREADABLE, f"fstat failed: {exc.strerror}")
+            return None
+        if _identity(fst) != _identity(st):
+            os.close(fd)
+            self._violate(raw, "changed-during-scan", RULE_CHANGED,
+                          "the opened inode is not the one lstat saw")
+            return None
+        return fd, fst
+
+    def _dir_problems(self, raw: bytes, st: os.stat_result) -> bool:
+        if st.st_mode & stat.S_ISVTX:
+            self._violate(raw, "sticky", RULE_MODE,
+                          f"directory mode {stat.S_IMODE(st.st_mode):04o}")
+            return True
+        return False
+
+    def _dir(self, parent: _Frame, name: bytes, raw: bytes, st: os.stat_result) -> _Frame | None:
+        if self._dir_problems(raw, st):
+            return None
+        opened = self._open(parent, name, raw, st, _SRC_DIR_FLAGS)
+        if opened is None:
+            return None
+        fd, fst = opened
+        dst = -1
+        try:
+            if self._dir_problems(raw, fst):
+                return None
+            names = self.list_dir(fd, raw, parent.depth + 1)
+            if names is None:
+                return None
+            path = escape(raw)
+            self._charge(raw, path)
+            dst = _make_dir(parent.dst, name)
+            self.dirs.append(path)
+            frame = _Frame(fd, dst, raw, parent.depth + 1, names)
+            fd = dst = -1  # the frame owns them now
+            return frame
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            if dst >= 0:
+                os.close(dst)
+
+    def _file_problems(self, raw: bytes, st: os.stat_result) -> bool:
+        """Record every rule the file breaks (judged on stat alone, in O(1)); True if any."""
+        limits = self.limits
+        found = False
+        if st.st_nlink > 1:
+            self._violate(raw, "hardlink", RULE_HARDLINK, f"hard link count {st.st_nlink}")
+            found = True
+        for bit, kind in ((stat.S_ISUID, "setuid"), (stat.S_ISGID, "setgid"),
+                          (stat.S_ISVTX, "sticky")):
+            if st.st_mode & bit:
+                self._violate(raw, kind, RULE_MODE, f"mode {stat.S_IMODE(st.st_mode):04o}")
+                found = True
+        size = st.st_size
+        if size > limits.max_file_size:
+            self._violate(raw, "file-too-large", f"D4 budget: max_file_size={limits.max_file_size}",
+                          f"file too large: {_human(size)} > {_human(limits.max_file_size)}")
+            found = True
+        elif size > SPARSE_MIN_SIZE and st.st_blocks * 512 < size * limits.sparse_ratio:
+            self._violate(raw, "sparse", f"D4 budget: sparse_ratio={limits.sparse_ratio:g}",
+                          f"{_human(st.st_blocks * 512)} allocated for a size of {_human(size)}")
+            found = True
+        return found
+
+    def _file(self, parent: _Frame, name: bytes, raw: bytes, st: os.stat_result) -> None:
+        if self._file_problems(raw, st):
+            return  # rejected without an open
+        opened = self._open(parent, name, raw, st, _SRC_FILE_FLAGS)
+        if opened is None:
+            return
+        fd, fst = opened
+        try:
+            if self._file_problems(raw, fst):  # the fd's inode is the one that counts
+                return
+            size = fst.st_size
+            if self.total + size > self.limits.max_total_size:
+                self._stop(raw, "total-too-large", f"max_total_size={self.limits.max_total_size}",
+                           f"{_human(self.total)} copied, this file adds {_human(size)}")
+            path = escape(raw)
+            self._charge(raw, path)
+            self._copy(fd, fst, parent.dst, name, raw, path)
+        finally:
+            os.close(fd)
+
+    def _copy(self, src: int, fst: os.stat_result, dst_dir: int, name: bytes, raw: bytes,
+              path: str) -> None:
+        mode = 0o755 if fst.st_mode & 0o111 else 0o644
+        try:
+            out = os.open(name, _DST_FILE_FLAGS, 0o600, dir_fd=dst_dir)
+        except OSError as exc:
+            raise ScanError(f"cannot create the copy of {escape(raw)} in dest_dir: "
+                            f"{exc.strerror}") from exc
+        keep = False
+        try:
+            copied = self._copy_range(src, out, fst.st_size, raw)
+            if copied is None:
+                return
+            try:
+                after = os.fstat(src)
+            except OSError as exc:
+                self._violate(raw, "unreadable", RULE_UNREADABLE, f"fstat failed: {exc.strerror}")
+                return
+            if copied != fst.st_size or _fingerprint(after) != _fingerprint(fst):
+                self._violate(raw, "changed-during-scan", RULE_CHANGED,
+                              f"changed while copied (size {fst.st_size} at the check, "
+                              f"{after.st_size} after {copied} bytes were copied)")
+                return
+            os.fchmod(out, mode)
+            keep = True
+        finally:
+            os.close(out)
+            if not keep:
+                os.unlink(name, dir_fd=dst_dir)  # a rejected file leaves no partial copy
+        self.total += copied
+        self.files.append(ScannedFile(path, raw, copied, mode))
+
+    def _copy_range(self, src: int, out: int, size: int, raw: bytes) -> int | None:
+        """Copy at most `size` bytes from offset 0 of src (pread: the file position and
+        any growth past the checked size do not matter). Returns the bytes copied, or
+        None if the source could not be read (recorded)."""
+        buf = self.buf
+        offset = 0
+        while offset < size:
+            self._check_time(raw)
+            try:
+                n = os.preadv(src, [buf[:min(_CHUNK, size - offset)]], offset)
+            except OSError as exc:
+                self._violate(raw, "unreadable", RULE_UNREADABLE, f"read failed: {exc.strerror}")
+                return None
+            if n == 0:
+                break  # shrank under us: the caller sees copied < size
+            chunk = buf[:n]
+            while chunk:
+                try:
+                    w = os.write(out, chunk)
+                except OSError as exc:
+                    raise ScanError(f"cannot write the copy of {escape(raw)} in dest_dir: "
+                                    f"{exc.strerror}") from exc
+                chunk = chunk[w:]
+            offset += n
+        return offset
+
+
+def _make_dir(dst_parent: int, name: bytes) -> int:
+    """A new directory in the copy (mkdirat fails if anything is there), as an fd."""
+    try:
+        os.mkdir(name, 0o700, dir_fd=dst_parent)
+        fd = os.open(name, _DST_DIR_FLAGS, dir_fd=dst_parent)
+    except OSError as exc:
+        raise ScanError(f"cannot create a directory in dest_dir: {exc.strerror}") from exc
+    try:
+        os.fchmod(fd, 0o755)  # exact, whatever the umask
+    except OSError as exc:
+        os.close(fd)
+        raise ScanError(f"cannot set the mode of a directory in dest_dir: {exc.strerror}") from exc
+    return fd
+
+
+def _open_workspace(workspace_fd: int) -> tuple[int, os.stat_result]:
+    """A fresh fd of the workspace root: our own directory offset, the caller's fd untouched."""
+    if not isinstance(workspace_fd, int):
+        raise ScanError(f"workspace_fd must be an open directory fd, got {workspace_fd!r} "
+                        "(was the sandbox closed before the scan? scan between kill_all and close)")
+    try:
+        before = os.fstat(workspace_fd)
+    except OSError as exc:
+        raise ScanError(f"workspace_fd {workspace_fd} is not an open fd: {exc.strerror}") from exc
+    if not stat.S_ISDIR(before.st_mode):
+        raise ScanError(f"workspace_fd {workspace_fd} is not a directory; pass "
+                        "Sandbox.workspace_fd")
+    try:
+        fd = os.open(".", _SRC_DIR_FLAGS, dir_fd=workspace_fd)
+    except OSError as exc:
+        raise ScanError(f"cannot open the workspace through fd {workspace_fd}: "
+                        f"{exc.strerror}") from exc
+    st = os.fstat(fd)
+    if _identity(st) != _identity(before):
+        os.close(fd)
+        raise ScanError(f"workspace_fd {workspace_fd} did not reopen as itself")
+    return fd, st
+
+
+def _open_dest(dest_dir: str | bytes | os.PathLike, workspace: os.stat_result) -> int:
+    try:
+        fd = os.open(dest_dir, _DST_DIR_FLAGS)
+    except FileNotFoundError as exc:
+        raise ScanError(f"dest_dir {dest_dir!r} does not exist; create a fresh empty "
+                        "directory for the copy") from exc
+    except OSError as exc:
+        why = "is a symlink" if os.path.islink(dest_dir) else exc.strerror
+        raise ScanError(f"dest_dir {dest_dir!r} cannot be used ({why}); pass a fresh empty "
+                        "directory, not a link") from exc
+    try:
+        st = os.fstat(fd)
+        if st.st_dev == workspace.st_dev:
+            raise ScanError(f"dest_dir {dest_dir!r} is on the workspace's own filesystem; "
+                            "the copy must live on a host filesystem the agent never had")
+        with os.scandir(fd) as it:
+            if next(it, None) is not None:
+                raise ScanError(f"dest_dir {dest_dir!r} is not empty; pass a fresh empty "
+                                "directory so that the copy holds only vetted files")
+        try:
+            xattrs = os.listxattr(fd)
+        except OSError:
+            xattrs = []  # a filesystem without xattrs has no default ACL either
+        if "system.posix_acl_default" in xattrs:
+            raise ScanError(f"dest_dir {dest_dir!r} has a default ACL, which every file of "
+                            "the copy would inherit; remove it (setfacl -k) or use another "
+                            "directory")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def scan_and_copy(workspace_fd: int, dest_dir: str | bytes | os.PathLike,
+                  limits: ScanLimits = ScanLimits()) -> ScanResult:
+    """Walk the workspace behind workspace_fd and copy what passes into dest_dir.
+
+    Call it after the sandbox's processes are all gone (Sandbox.kill_all). dest_dir
+    must exist and be empty; on return it holds the accepted files and directories as
+    new inodes (files 0644 or 0755, directories 0755, owned by the caller). On
+    ScanError the copy is incomplete: discard dest_dir.
+    """
+    start = time.monotonic()
+    root, root_st = _open_workspace(workspace_fd)
+    try:
+        dest = _open_dest(dest_dir, root_st)
+    except BaseException:
+        os.close(root)
+        raise
+    walk = _Walk(limits, start)
+    try:
+        names = walk.list_dir(root, b"", 0)
+    except _Stop:
+        names = None
+    except BaseException:
+        os.close(root)
+        os.close(dest)
+        raise
+    walk.run(_Frame(root, dest, b"", 0, names or []))
+    return ScanResult(tuple(walk.files), tuple(walk.dirs), tuple(walk.violations),
+                      walk.complete, time.monotonic() - start)
