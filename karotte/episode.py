@@ -19,7 +19,7 @@ import io
 import tarfile
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from .custody import Custody, deliverable_violations, take_custody
@@ -183,6 +183,13 @@ class _Flow:
     def graded(self, custody: Custody, report: GradeReport, seconds: float) -> Outcome:
         if report.reason != "graded":
             return self.outcome(None, report.reason, custody, report, grade_seconds=seconds)
+        bottom, top = self.env.reward_range
+        if not bottom <= report.reward <= top:
+            # A grader that scores the agent's raw input (1 - |x - e| / e) must not hand the
+            # trainer -1e296: outside reward_range is the bottom, with the value kept.
+            report = replace(report, details={**report.details, "rejected_reward": report.reward})
+            return self.outcome(None, "reward_out_of_range", custody, report,
+                                grade_seconds=seconds)
         return self.outcome(report.reward, "graded", custody, report, grade_seconds=seconds)
 
 
