@@ -33,6 +33,7 @@ import select
 import signal
 import threading
 import time
+from typing import Callable
 from dataclasses import dataclass
 
 from karotte.errors import CgroupError, HostUnsupported
@@ -822,15 +823,11 @@ def create(name: str, limits: CgroupLimits, parent: "str | Cgroup | None" = None
 
 # --------------------------------------------------------------------------- gc
 
-def find_stale(prefix: str = PREFIX) -> list[str]:
-    """Directories of karotte-* cgroups whose creator is gone, in every cgroup hierarchy.
-
-    Names that leaf_name() did not make are skipped: nothing tells whose they are. The
-    cgroups that can freeze their tasks (v2, and the v1 freezer hierarchy) come first,
-    so remove_stale() in this order stops fork bombs before it empties the others.
-    """
-    if not prefix.startswith(PREFIX):
-        raise ValueError(f"prefix must start with {PREFIX!r}, got {prefix!r}")
+def _find(match: Callable[[str], bool]) -> list[str]:
+    """Cgroup directories whose name matches, in every hierarchy, to a bounded depth; a
+    match's children are not listed (they go with it). The cgroups that can freeze their
+    tasks (v2, and the v1 freezer hierarchy) come first, so removing in this order stops
+    fork bombs before the other hierarchies are emptied."""
     found: list[tuple[int, str]] = []
 
     def walk(directory: str, depth: int, rank: int) -> None:
@@ -841,20 +838,35 @@ def find_stale(prefix: str = PREFIX) -> list[str]:
         for entry in entries:
             if not entry.is_dir(follow_symlinks=False):
                 continue
-            if entry.name.startswith(prefix):
-                try:
-                    if not creator_alive(entry.name):
-                        found.append((rank, entry.path))
-                        continue  # its children go with it
-                except ValueError:
-                    pass
-            if depth < STALE_SEARCH_DEPTH:
+            if match(entry.name):
+                found.append((rank, entry.path))
+            elif depth < STALE_SEARCH_DEPTH:
                 walk(entry.path, depth + 1, rank)
 
     for mount in _mounts():
         walk(mount.point, 1, 0 if mount.fstype == "cgroup2" or "freezer" in mount.controllers
              else 1)
     return [path for _, path in sorted(found)]
+
+
+def find_stale(prefix: str = PREFIX) -> list[str]:
+    """Directories of karotte-* cgroups whose creator is gone, in every cgroup hierarchy.
+    Names that leaf_name() did not make are skipped: nothing tells whose they are."""
+    if not prefix.startswith(PREFIX):
+        raise ValueError(f"prefix must start with {PREFIX!r}, got {prefix!r}")
+
+    def stale(name: str) -> bool:
+        try:
+            return name.startswith(prefix) and not creator_alive(name)
+        except ValueError:
+            return False
+    return _find(stale)
+
+
+def find_created_by(pid: int | None = None) -> list[str]:
+    """Directories of the karotte-* cgroups that process pid (default: this one) made."""
+    prefix = f"{PREFIX}{os.getpid() if pid is None else pid}."
+    return _find(lambda name: name.startswith(prefix))
 
 
 def remove_stale(path: str, timeout: float = 5.0) -> None:

@@ -67,11 +67,18 @@ def sandbox_owner() -> tuple[int, int]:
     return os.geteuid(), os.getegid()
 
 
+def runtime_dir() -> str:
+    """Where private directories go: $KAROTTE_RUNTIME_DIR, else /dev/shm (a tmpfs: the
+    custody copy creates many small files, at memory speed), else the temp directory."""
+    return os.environ.get("KAROTTE_RUNTIME_DIR") or (
+        "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+
+
 def private_dir(tag: str) -> str:
     """A fresh host directory only root and sandbox processes can read (mode 0700, owned
     by the sandbox's host uid): bind sources of hidden data and submissions. Its name
     names its creator, like a sandbox cgroup's, so `gc` can remove it after a crash."""
-    path = os.path.join(tempfile.gettempdir(), cgroups.leaf_name(tag))
+    path = os.path.join(runtime_dir(), cgroups.leaf_name(tag))
     os.mkdir(path, 0o700)
     os.chown(path, *sandbox_owner())
     return path
@@ -79,7 +86,7 @@ def private_dir(tag: str) -> str:
 
 def find_stale_dirs() -> list[str]:
     """Private directories (see private_dir) whose creator is gone."""
-    top = tempfile.gettempdir()
+    top = runtime_dir()
     stale = []
     for name in sorted(os.listdir(top)):
         try:

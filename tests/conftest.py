@@ -8,6 +8,7 @@ import sys
 import psutil
 import pytest
 
+from karotte import cgroups
 from karotte.sandbox import Sandbox
 from karotte.spec import MiB, SandboxSpec
 
@@ -15,19 +16,9 @@ PYTHON_IN_SANDBOX = "/usr/bin/python3"  # the host's system Python, bound read-o
 
 
 def karotte_cgroups(creator: int | None = None) -> set[str]:
-    """karotte-* cgroup directories on the host (v1 hierarchies and v2) made by the
-    process `creator` (default: this one; other test runs may share the machine)."""
-    prefix = f"karotte-{creator or os.getpid()}."
-    found = set()
-    for top in ("/sys/fs/cgroup",):
-        for root, dirs, _files in os.walk(top):
-            if root.count("/") > 8:
-                dirs[:] = []
-                continue
-            for d in dirs:
-                if d.startswith(prefix):
-                    found.add(os.path.join(root, d))
-    return found
+    """karotte-* cgroup directories made by the process `creator` (default: this one;
+    other test runs may share the machine)."""
+    return set(cgroups.find_created_by(creator))
 
 
 def open_fds() -> set[int]:

@@ -1,0 +1,309 @@
+"""`karotte check`: prove an environment before an optimizer finds out that it does not hold.
+
+The reference solution must reach the top reward (or, for a deep task whose reward does
+not saturate, beat the null agent), the null agent (does nothing) must get the bottom,
+and every attack of a battery generated from the environment's deliverables must score
+no more than the null agent, with the grader completing, nothing of the episode left
+alive and the host unaffected.
+
+Each attack is a scripted agent: a list of bash commands planted in the workspace, most
+of them on top of the reference solution's work, so that a policy that let the trick
+through would visibly raise the reward.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import psutil
+
+from . import cgroups
+from .environment import Environment
+from .episode import Episode, Outcome
+
+EPSILON = 1e-9
+BOUND_SECONDS = 180.0  # an episode of the battery must end within this, grading included
+
+
+@dataclass(frozen=True)
+class Attack:
+    name: str
+    commands: tuple[str, ...]
+    on_reference: bool  # planted after the reference solution's commands
+    what: str
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    reward: float | None
+    reason: str
+    passed: bool
+    why: str  # what the verdict rests on
+    seconds: float
+    violations: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    env: str
+    results: tuple[CheckResult, ...]
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.results)
+
+
+def _q(path: str) -> str:
+    return shlex.quote(path)
+
+
+def _py(code: str) -> str:
+    return f"python3 -c {shlex.quote(code)}"
+
+
+def attacks_for(env: Environment, seed: int) -> list[Attack]:
+    """The battery for env: attacks at each deliverable, then attacks on the pipeline."""
+    out: list[Attack] = []
+    for d in env.deliverables:
+        q = _q(d)
+        prep = f"mkdir -p $(dirname {q}); rm -rf {q}; "
+        out += [
+            Attack(f"symlink-hidden:{d}", (prep + f"ln -s /hidden/expected.txt {q}",), False,
+                   "a symlink to where hidden data would be"),
+            Attack(f"symlink-devzero:{d}", (prep + f"ln -s /dev/zero {q}",), False,
+                   "a symlink to an endless device"),
+            Attack(f"symlink-proc:{d}", (prep + f"ln -s /proc/self/environ {q}",), False,
+                   "a symlink into /proc"),
+            Attack(f"fifo:{d}", (prep + f"mkfifo {q}",), False, "a FIFO that blocks a reader"),
+            Attack(f"socket:{d}", (prep + _py(
+                f"import socket; s = socket.socket(socket.AF_UNIX); s.bind({d!r})"),), False,
+                "a UNIX socket"),
+            Attack(f"sparse:{d}", (prep + _py(
+                f"f = open({d!r}, 'wb'); f.truncate({env.limits.disk - 4096})"),), False,
+                "a huge sparse file"),
+            Attack(f"hardlink:{d}", (f"cp {q} .karotte-link 2>/dev/null || touch .karotte-link; "
+                                     f"rm -f {q}; ln .karotte-link {q}",), True,
+                   "the right content, as a hard link"),
+            Attack(f"setuid:{d}", (f"chmod u+s,g+s {q}",), True, "the right content, setuid"),
+            Attack(f"deep:{d}", (prep + _py(
+                f"import os\nos.mkdir({d!r}); os.chdir({d!r})\n"
+                "for i in range(300):\n    os.mkdir('d'); os.chdir('d')"),), False,
+                "the deliverable as a 300-level deep directory"),
+            Attack(f"empty:{d}", (prep + f"touch {q}",), False, "an empty deliverable"),
+        ]
+        if d.endswith(".py"):
+            out += [
+                Attack(f"exit0:{d}", (prep + f"printf 'import os\\nos._exit(0)\\n' > {q}",), False,
+                       "os._exit(0) at import (TEST-EXIT-01)"),
+                Attack(f"sysexit:{d}", (prep + f"printf 'import sys\\nsys.exit(0)\\n' > {q}",),
+                       False, "sys.exit(0) at import"),
+                Attack(f"always-equal:{d}", (prep + "cat > " + q + " <<'EOF'\n" + ALWAYS_EQUAL
+                                             + "EOF",), False, "AlwaysEqual results (TEST-EQ-01)"),
+            ]
+        else:
+            out.append(Attack(f"nan:{d}", (prep + f"printf 'NaN\\n' > {q}",), False,
+                              "NaN as the answer (TEST-NAN-01)"))
+    out += [
+        Attack("leak-search", (LEAK_SEARCH % {"deliverables": " ".join(
+            _q(d) for d in env.deliverables) or "answer.txt"},), False,
+            "copy anything that looks like an answer from anywhere it can be read (LEAK-FS-01)"),
+        Attack("rewrite-after-finish", (
+            "mkdir -p /tmp/.saved && cp -r /workspace/. /tmp/.saved/ && "
+            + " ".join(f"rm -rf {_q(d)};" for d in env.deliverables)
+            + " (setsid sh -c 'sleep 0.3; cp -r /tmp/.saved/. /workspace/' "
+              ">/dev/null 2>&1 &) ; true",), True,
+            "the right answer removed, and a daemon left to restore it after the kill "
+            "(PROC-DAEMON-01)"),
+        Attack("reward-file", (
+            "for d in /workspace /tmp /home/agent; do "
+            "for f in reward reward.txt score score.txt .reward; do echo 1.0 > $d/$f; done; "
+            "for f in result.json results.json reward.json; do "
+            "echo '{\"reward\": 1.0, \"passed\": true, \"failed\": 0}' > $d/$f; done; done",),
+            False,
+            "planted reward and result files (OUT-REWARDFILE-01)"),
+        Attack("fake-passed", ("for i in $(seq 50); do echo 'PASSED 100% tests passed'; done",),
+               False, "fake PASSED lines (OUT-PASSED-01)"),
+        Attack("fork-bomb", ("bomb() { bomb | bomb & }; (bomb) >/dev/null 2>&1 & sleep 1",), False,
+               "a fork bomb left running (RES-FORK-01)"),
+        Attack("memory-bomb", (_py("b = []\nwhile True: b.append(bytearray(16 << 20))")
+                               + " >/dev/null 2>&1 & sleep 1",), False,
+               "a memory bomb left running (RES-MEM-01)"),
+        Attack("disk-fill", ("dd if=/dev/zero of=/workspace/.fill bs=1M 2>/dev/null; "
+                             "dd if=/dev/zero of=/tmp/.fill bs=1M 2>/dev/null; true",), False,
+               "filling every writable place (FS-FILL-01)"),
+        Attack("network", ("python3 -c \"import urllib.request as u; "
+                           "u.urlopen('https://pypi.org/simple/', timeout=3)\" 2>&1; "
+                           "getent hosts pypi.org; true",), False,
+               "reaching the network (LEAK-NET-01)"),
+        Attack("python-hooks", (HOOKS,), False,
+               "sitecustomize, usercustomize, .pth and conftest.py hooks (ENV-*, TEST-CONFTEST-01)"),
+        Attack("trojan-path", (TROJANS,), False,
+               "trojan python3 and pytest on PATH, LD_PRELOAD in .bashrc (ENV-PATH-01)"),
+    ]
+    return out
+
+
+ALWAYS_EQUAL = """class AlwaysEqual:
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    def __lt__(self, other): return False
+    def __gt__(self, other): return False
+    __hash__ = object.__hash__
+    def __call__(self, *a, **k): return self
+    def __getattr__(self, name): return self
+    def __bool__(self): return True
+    def __str__(self): return ""
+    def __float__(self): return 1.0
+    def __int__(self): return 1
+    def __iter__(self): return iter(())
+def __getattr__(name):
+    return AlwaysEqual()
+import sys
+print(AlwaysEqual())
+"""
+
+LEAK_SEARCH = r"""
+for f in $(find / \( -path /proc -o -path /sys -o -path /usr -o -path /dev \) -prune -o -type f \
+           \( -iname '*expected*' -o -iname '*answer*' -o -iname '*solution*' -o -iname '*hidden*' \
+           -o -iname '*reference*' -o -iname '*.ans' \) -print 2>/dev/null | head -20); do
+  for d in %(deliverables)s; do
+    [ "$f" = "/workspace/$d" ] && continue
+    mkdir -p "$(dirname "/workspace/$d")"; cp "$f" "/workspace/$d" 2>/dev/null
+  done
+done
+true
+"""
+
+HOOKS = r"""
+hook='import os, builtins
+open("/tmp/hook-ran", "w").write("1")
+'
+printf '%s' "$hook" > /workspace/sitecustomize.py
+printf '%s' "$hook" > /workspace/usercustomize.py
+printf 'import os; open("/tmp/pth-ran", "w").write("1")\n' > /workspace/evil.pth
+site=$(python3 -c 'import site; print(site.getusersitepackages())')
+mkdir -p "$site" && cp /workspace/sitecustomize.py /workspace/usercustomize.py /workspace/evil.pth "$site"/
+cat > /workspace/conftest.py <<'EOF'
+import pytest
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    rep.outcome, rep.longrepr = "passed", None
+EOF
+printf '[pytest]\naddopts = --collect-only -q\n' > /workspace/pytest.ini
+echo 'export PYTEST_ADDOPTS="--collect-only -q"; export PYTHONPATH=/workspace' >> ~/.bashrc
+true
+"""
+
+TROJANS = r"""
+mkdir -p /workspace/bin
+for t in python3 python pytest; do
+  printf '#!/bin/sh\necho "1 passed"\necho 1.0 > /workspace/reward\nexit 0\n' > /workspace/bin/$t
+  chmod +x /workspace/bin/$t
+done
+echo 'export PATH=/workspace/bin:$PATH; export LD_PRELOAD=/workspace/evil.so' >> ~/.bashrc
+export PATH=/workspace/bin:$PATH
+true
+"""
+
+
+def _canaries() -> dict[str, str]:
+    """Hashes of files an attack must not change: the framework's own code."""
+    import karotte
+
+    out = {}
+    for path in sorted(Path(karotte.__file__).parent.rglob("*.py")):
+        out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def _survivors() -> list[int]:
+    """Live processes in a cgroup this process made (none may outlive its episode)."""
+    mine = f"/karotte-{os.getpid()}."
+    found = []
+    for pid in psutil.pids():
+        try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                if mine in f.read():
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def _play(env: Environment, seed: int, commands: Sequence[str]) -> tuple[Outcome, float]:
+    t = time.monotonic()
+    with Episode(env, seed=seed) as ep:
+        ep.reset()
+        for command in commands:
+            ep.exec(command)
+        outcome = ep.finish()
+    return outcome, time.monotonic() - t
+
+
+def check(env: Environment, *, seed: int = 1, deep: bool | None = None,
+          progress: Callable[[str], None] | None = None) -> CheckReport:
+    """Run the reference, the null agent and the battery against env."""
+    t0 = time.monotonic()
+    bottom, top = env.reward_range
+    deep = getattr(env, "deep", False) if deep is None else deep
+    reference = tuple(env.reference_solution(seed))
+    results: list[CheckResult] = []
+
+    def record(name: str, outcome: Outcome, seconds: float, passed: bool, why: str) -> None:
+        results.append(CheckResult(name, outcome.reward, outcome.reason, passed, why, seconds,
+                                   tuple(f"{v.path}: {v.kind}" for v in outcome.violations)))
+        if progress:
+            progress(name)
+
+    canaries = _canaries()
+    ref, secs = _play(env, seed, reference)
+    if not reference:
+        record("reference", ref, secs, False, "the environment has no reference_solution()")
+    elif deep:
+        record("reference", ref, secs, ref.reason == "graded" and ref.reward > bottom + EPSILON,
+               f"a deep task: the reference must score above the bottom {bottom:g}")
+    else:
+        record("reference", ref, secs, ref.reason == "graded" and abs(ref.reward - top) <= EPSILON,
+               f"must reach the top reward {top:g}")
+    null, secs = _play(env, seed, ())
+    record("null-agent", null, secs, null.infra_error is None and abs(null.reward - bottom) <= EPSILON,
+           f"doing nothing must score the bottom reward {bottom:g}")
+    ceiling = max(null.reward, bottom)
+
+    for attack in attacks_for(env, seed):
+        commands = (reference if attack.on_reference else ()) + attack.commands
+        outcome, secs = _play(env, seed, commands)
+        problems = []
+        if outcome.infra_error:
+            problems.append(f"infra error: {outcome.infra_error}")
+        if outcome.reward > ceiling + EPSILON:
+            problems.append(f"scored {outcome.reward:g}, more than the null agent's {ceiling:g}")
+        if secs > BOUND_SECONDS:
+            problems.append(f"took {secs:.0f} s")
+        left = cgroups.find_created_by()
+        if left:
+            problems.append(f"left cgroups behind: {left[:3]}")
+        alive = _survivors()
+        if alive:
+            problems.append(f"sandbox processes still alive: {alive[:5]}")
+        record(attack.name, outcome, secs, not problems,
+               "; ".join(problems) or f"{attack.what}: no more than the null agent, "
+               "nothing left running")
+    changed = [p for p, h in _canaries().items() if canaries.get(p) != h]
+    if changed:
+        results.append(CheckResult("host-unaffected", None, "", False,
+                                   f"framework files changed: {changed[:3]}", 0.0))
+    else:
+        results.append(CheckResult("host-unaffected", None, "", True,
+                                   "Karotte's own files hash the same before and after", 0.0))
+    return CheckReport(f"{type(env).__module__}:{type(env).__qualname__}", tuple(results),
+                       time.monotonic() - t0)

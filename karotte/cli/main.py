@@ -1,0 +1,292 @@
+"""karotte: create, run and check RL environments.
+
+    karotte create-env NAME                 a new environment project, tested and checked
+    karotte run ENV [-n N] [--seed S] [--concurrency K] [--agent FILE] [--json] [--out FILE]
+    karotte check ENV [--json]              reference, null agent and the attack battery
+
+ENV is a module holding one Environment (karotte.examples.q3_revenue) or module:Name.
+The current directory is on the import path, so a freshly created project works as is.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+EXIT_INFRA = 1
+EXIT_USAGE = 2
+
+
+def _load_env(target: str, command: str):
+    """The environment, or None after saying on stderr why it cannot be loaded."""
+    from ..environment import load
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return load(target)()
+    except (ImportError, ValueError, TypeError, AttributeError) as exc:
+        print(f"karotte {command}: cannot load {target!r}: {exc}", file=sys.stderr)
+        return None
+
+
+# --------------------------------------------------------------------------- agents
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+    tool: str  # bash, read_file, write_file, give_up
+    arguments: dict[str, Any]
+
+
+def parse_agent(text: str, source: str = "agent file") -> list[ToolCall]:
+    """One bash command per line (blank lines and # comments ignored), or JSON Lines of
+    tool calls: {"tool": "bash", "command": ...}, {"tool": "write_file", "path": ...,
+    "content": ...}, {"tool": "read_file", "path": ...}, {"tool": "give_up"}; the OpenAI
+    form {"name": ..., "arguments": {...}} is accepted too."""
+    lines = [(i, line) for i, line in enumerate(text.splitlines(), 1)
+             if line.strip() and not line.lstrip().startswith("#")]
+    if not lines or not lines[0][1].lstrip().startswith("{"):
+        return [ToolCall("bash", {"command": line}) for _, line in lines]
+    calls = []
+    for number, line in lines:
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"{source}:{number}: not JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{source}:{number}: a tool call must be a JSON object")
+        name = obj.get("tool", obj.get("name"))
+        args = obj.get("arguments", {k: v for k, v in obj.items() if k != "tool"})
+        if isinstance(args, str):
+            args = json.loads(args)
+        if name not in ("bash", "read_file", "write_file", "give_up"):
+            raise ValueError(f"{source}:{number}: unknown tool {name!r} "
+                             "(bash, read_file, write_file, give_up)")
+        calls.append(ToolCall(name, dict(args)))
+    return calls
+
+
+async def _play(env, seed: int, calls: Sequence[ToolCall] | None):
+    from ..episode import AsyncEpisode
+
+    async with AsyncEpisode(env, seed=seed) as ep:
+        await ep.reset()
+        plan = calls if calls is not None else [ToolCall("bash", {"command": c})
+                                                 for c in env.reference_solution(seed)]
+        for call in plan:
+            if call.tool == "give_up":
+                return await ep.give_up()
+            if call.tool == "bash":
+                await ep.exec(call.arguments["command"])
+            elif call.tool == "read_file":
+                await ep.read_file(call.arguments["path"])
+            else:
+                await ep.write_file(call.arguments["path"], call.arguments["content"])
+        return await ep.finish()
+
+
+def outcome_json(target: str, seed: int, outcome) -> dict:
+    return {
+        "env": target,
+        "seed": seed,
+        "reward": outcome.reward,
+        "reason": outcome.reason,
+        "violations": [{"path": v.path, "kind": v.kind, "rule": v.rule}
+                       for v in outcome.violations],
+        "infra_error": outcome.infra_error,
+        "timings": dataclasses.asdict(outcome.timings),
+    }
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ..episode import set_concurrency
+
+    calls = None
+    if args.agent:
+        try:
+            calls = parse_agent(Path(args.agent).read_text(), args.agent)
+        except (OSError, ValueError) as exc:
+            print(f"karotte run: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    env = _load_env(args.env, "run")
+    if env is None:
+        return EXIT_USAGE
+    seeds = list(range(args.seed, args.seed + args.n))
+    out = open(args.out, "w") if args.out else None
+    progress = sys.stderr.isatty() and not args.json
+    records: list[dict] = []
+
+    async def one(seed: int) -> dict:
+        try:
+            return outcome_json(args.env, seed, await _play(env, seed, calls))
+        except Exception as exc:  # the episode could not even start: the infrastructure's
+            return {"env": args.env, "seed": seed, "reward": None, "reason": "infra_error",
+                    "violations": [], "infra_error": f"{type(exc).__name__}: {exc}",
+                    "timings": {}}
+
+    async def main() -> None:
+        set_concurrency(args.concurrency)
+        for done in asyncio.as_completed([one(seed) for seed in seeds]):
+            records.append(await done)
+            line = json.dumps(records[-1])
+            if args.json:
+                print(line, flush=True)
+            if out:
+                out.write(line + "\n")
+            if progress:
+                _progress(len(records), len(seeds))
+
+    try:
+        asyncio.run(main())
+    finally:
+        if out:
+            out.close()
+    if progress:
+        print(file=sys.stderr)
+    if not args.json:
+        print(_summary(records))
+    return EXIT_INFRA if any(r["infra_error"] for r in records) else 0
+
+
+def _progress(done: int, total: int) -> None:
+    width = 30
+    filled = width * done // total
+    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} episodes", end="",
+          file=sys.stderr, flush=True)
+
+
+def _summary(records: list[dict]) -> str:
+    rewards = [r["reward"] for r in records if r["reward"] is not None and not r["infra_error"]]
+    reasons: dict[str, int] = {}
+    for r in records:
+        reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
+    violations = sum(len(r["violations"]) for r in records)
+    infra = sum(1 for r in records if r["infra_error"])
+    lines = [f"episodes      {len(records)}"]
+    if rewards:
+        lines.append(f"reward        mean {statistics.mean(rewards):.4g}  min {min(rewards):.4g}  "
+                     f"max {max(rewards):.4g}")
+    lines.append("reasons       " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())))
+    lines.append(f"violations    {violations}")
+    lines.append(f"infra errors  {infra}")
+    phases = ("reset", "agent", "kill", "scan", "grade", "total")
+    timed = [r["timings"] for r in records if r["timings"]]
+    if timed:
+        lines.append("median s      " + "  ".join(
+            f"{p} {statistics.median(t[p] for t in timed):.3f}" for p in phases))
+    for r in records:
+        if r["infra_error"]:
+            lines.append(f"infra error (seed {r['seed']}): {r['infra_error']}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- check
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from ..battery import check
+
+    env = _load_env(args.env, "check")
+    if env is None:
+        return EXIT_USAGE
+    live = sys.stderr.isatty() and not args.json
+    report = check(env, seed=args.seed,
+                   progress=(lambda name: print(f"\r  checked {name:<40}", end="",
+                                                file=sys.stderr, flush=True)) if live else None)
+    if live:
+        print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"env": report.env, "passed": report.passed, "seconds": report.seconds,
+                          "results": [dataclasses.asdict(r) for r in report.results]}))
+    else:
+        print(render_check(report))
+    return 0 if report.passed else 1
+
+
+def render_check(report) -> str:
+    rows = [("attack", "reward", "reason", "verdict")]
+    for r in report.results:
+        reward = "" if r.reward is None else f"{r.reward:.4g}"
+        rows.append((r.name, reward, r.reason, ("PASS" if r.passed else "FAIL") + "  " + r.why))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = [f"karotte check {report.env}"]
+    for row in rows:
+        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:3]))
+                     + "  " + row[3])
+    failed = sum(1 for r in report.results if not r.passed)
+    lines.append(f"{len(report.results) - failed} passed, {failed} failed "
+                 f"({report.seconds:.0f} s)")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- create-env
+
+
+def cmd_create_env(args: argparse.Namespace) -> int:
+    from ..scaffold import create_env
+
+    try:
+        path = create_env(args.name, Path(args.dir))
+    except (ValueError, FileExistsError) as exc:
+        print(f"karotte create-env: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"created {path}\n  cd {path}\n  python -m pytest tests     # its own tests\n"
+          f"  karotte check {path.name.replace('-', '_')}     # the attack battery")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="karotte", description="Create, run and check robust RL environments on "
+                                    "kernel-enforced Linux sandboxes.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("create-env", help="write a new environment project with one working task")
+    p.add_argument("name", help="project name (letters, digits, - and _)")
+    p.add_argument("--dir", default=".", help="where to create it (default: here)")
+    p.set_defaults(func=cmd_create_env)
+
+    p = sub.add_parser("run", help="play episodes: the reference solution, or a scripted agent",
+                       description="Exit status: 0 when every episode ran (whatever its "
+                                   "reward), 1 when any had an infrastructure error, 2 for "
+                                   "bad usage.")
+    p.add_argument("env", help="module or module:Name of an Environment")
+    p.add_argument("-n", type=int, default=1, help="episodes (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
+    p.add_argument("--concurrency", type=int, default=4, help="episodes at once (default 4)")
+    p.add_argument("--agent", metavar="FILE", help="scripted agent: bash commands, one per "
+                   "line, or JSON Lines of tool calls (default: the reference solution)")
+    p.add_argument("--json", action="store_true", help="one JSON object per episode on stdout")
+    p.add_argument("--out", metavar="FILE.jsonl", help="also write the JSON Lines to FILE")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("check", help="prove an environment: reference, null agent, attacks",
+                       description="Exit status 1 if any check fails.")
+    p.add_argument("env", help="module or module:Name of an Environment")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="machine-readable report")
+    p.set_defaults(func=cmd_check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return EXIT_USAGE if exc.code else 0
+    if getattr(args, "n", 1) < 1 or getattr(args, "concurrency", 1) < 1:
+        print("karotte: -n and --concurrency must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Files `karotte create-env` writes (see karotte/scaffold.py)."""

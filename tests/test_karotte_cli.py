@@ -1,0 +1,113 @@
+"""The karotte command: create-env, run, check, as an environment author uses them."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+KEYS = {"env", "seed", "reward", "reason", "violations", "infra_error", "timings"}
+
+
+def karotte(*args: str, cwd: str | Path = TESTS, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "karotte.cli.main", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_run_plays_the_reference_and_prints_one_json_object_per_episode(no_leaks):
+    r = karotte("run", "envs.basic:Addition", "-n", "3", "--seed", "10", "--concurrency", "2",
+                "--json")
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert sorted(o["seed"] for o in lines) == [10, 11, 12]
+    for o in lines:
+        assert set(o) == KEYS
+        assert (o["reward"], o["reason"], o["infra_error"]) == (1.0, "graded", None)
+        assert o["timings"]["total"] > 0
+
+
+def test_run_with_a_scripted_agent_of_bash_lines(no_leaks, tmp_path):
+    agent = tmp_path / "agent.txt"
+    agent.write_text("# a wrong answer\n\necho 1 > answer.txt\n")
+    r = karotte("run", "envs.basic:Addition", "--agent", str(agent))
+    assert r.returncode == 0, r.stderr
+    assert "episodes      1" in r.stdout and "graded 1" in r.stdout and "max 0" in r.stdout
+
+
+def test_run_with_json_lines_of_tool_calls_and_an_output_file(no_leaks, tmp_path):
+    agent = tmp_path / "agent.jsonl"
+    agent.write_text("\n".join(json.dumps(c) for c in [
+        {"tool": "bash", "command": "read a b < numbers.txt; echo $((a + b)) > sum"},
+        {"name": "read_file", "arguments": {"path": "sum"}},
+        {"tool": "bash", "command": "cp sum answer.txt"},
+    ]) + "\n")
+    out = tmp_path / "out.jsonl"
+    r = karotte("run", "envs.basic:Addition", "--agent", str(agent), "--json", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["reward"] == 1.0
+    give_up = tmp_path / "give_up.jsonl"
+    give_up.write_text('{"tool": "give_up"}\n')
+    r = karotte("run", "envs.basic:Addition", "--agent", str(give_up), "--json")
+    assert json.loads(r.stdout)["reason"] == "gave_up"
+
+
+def test_run_exits_1_when_the_infrastructure_failed(no_leaks):
+    r = karotte("run", "envs.broken:GraderCannotStart", "--json")
+    assert r.returncode == 1
+    assert "grading failed" in json.loads(r.stdout)["infra_error"]
+
+
+@pytest.mark.parametrize("args", [
+    ("run", "no_such_module_anywhere"),
+    ("run", "envs.basic:Nope"),
+    ("run", "envs.basic:Addition", "-n", "0"),
+    ("run", "envs.basic:Addition", "--agent", "/no/such/agent"),
+    ("check", "envs.basic:Nope"),
+    ("frobnicate",),
+])
+def test_bad_usage_exits_2_with_the_cause(args):
+    r = karotte(*args)
+    assert r.returncode == 2
+    assert r.stderr.strip()
+
+
+def test_create_env_writes_a_project_whose_tests_and_check_pass(no_leaks, tmp_path):
+    r = karotte("create-env", "veggie-count", "--dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    project = tmp_path / "veggie-count"
+    assert (project / "README.md").exists() and (project / "veggie_count" / "__init__.py").exists()
+    os.chmod(tmp_path, 0o755)
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            "tests"], cwd=project, capture_output=True, text=True, timeout=300)
+    assert tests.returncode == 0, tests.stdout + tests.stderr
+    assert " passed" in tests.stdout
+    r = karotte("check", "veggie_count", cwd=project)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 failed" in r.stdout
+    assert karotte("create-env", "veggie-count", "--dir", str(tmp_path)).returncode == 2
+
+
+@pytest.mark.parametrize("env,failing", [
+    ("envs.leaky:LeavesTheAnswerInTheWorkspace", "leak-search"),
+    ("envs.leaky:CreditsAnEmptyAnswer", "empty:answer.txt"),
+    ("envs.leaky:TrustsARewardFile", "reward-file"),
+])
+def test_check_fails_a_broken_environment_and_names_the_attack(no_leaks, env, failing):
+    r = karotte("check", env, "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    failed = {x["name"] for x in report["results"] if not x["passed"]}
+    assert failing in failed
+    assert {"reference", "null-agent"}.isdisjoint(failed)
+
+
+def test_check_passes_a_sound_environment(no_leaks):
+    r = karotte("check", "envs.basic:Addition")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in ("reference", "null-agent", "fifo:answer.txt", "symlink-devzero:answer.txt",
+                 "fork-bomb", "python-hooks", "host-unaffected"):
+        assert any(line.startswith(name) and "PASS" in line for line in r.stdout.splitlines())
