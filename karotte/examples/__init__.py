@@ -1,0 +1,8 @@
+"""Example environments, each with a reference solution (docs/examples.md):
+
+- q3_revenue.Q3Revenue: one exact integer from a CSV of orders; reward 0 or 1.
+- speedup.Speedup: make a quadratic program fast; reward = the measured speedup.
+- fix_tests.FixTests: fix a buggy package; reward = fraction of hidden cases passed.
+
+Run one with `Episode("karotte.examples.q3_revenue:Q3Revenue", seed=1)`.
+"""
