@@ -158,9 +158,10 @@ class Speedup(Environment):
             "program and the original baseline (the grader's own copy; editing "
             f"/workspace/baseline.py changes nothing) are each run {REPEATS} times on each "
             "input, interleaved, timed by wall clock from outside (interpreter start-up "
-            "included), and the outputs are checked again. The reward is the baseline's "
-            "median time divided by your program's median time, the speedup; a speedup "
-            f"below {MIN_SPEEDUP:g} gives 0, and the reward is capped at {MAX_SPEEDUP:g}.\n\n"
+            "included), and the outputs of the first round are checked again. The reward is "
+            "the baseline's median time divided by your program's median time, the speedup; "
+            f"a speedup below {MIN_SPEEDUP:g} gives 0, and the reward is capped at "
+            f"{MAX_SPEEDUP:g}.\n\n"
             "If you find that you cannot do the task, you may give up with the give_up tool; "
             "that ends the episode with reward 0.")
 
