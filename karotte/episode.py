@@ -20,7 +20,7 @@ import tarfile
 import time
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .custody import Custody, deliverable_violations, take_custody
 from .environment import Environment, File, load
@@ -192,6 +192,30 @@ class _Flow:
                                 grade_seconds=seconds)
         return self.outcome(report.reward, "graded", custody, report, grade_seconds=seconds)
 
+    def finish(self, kill_all: Callable[[], None], workspace_fd: int,
+               close: Callable[[], None]) -> Outcome:
+        """Custody, then grading; blocking (the async face runs it in a worker thread)."""
+        try:
+            custody = take_custody(kill_all, workspace_fd, self.scan_limits)
+        except (KarotteError, OSError) as exc:
+            close()
+            return self.outcome(None, "infra_error", infra_error=f"custody failed: {exc}")
+        close()
+        try:
+            decided = self.judge(custody)
+            if decided is not None:
+                return decided
+            t = time.monotonic()
+            try:
+                report = run_grader(self.env, self.seed, custody.submission)
+            except (KarotteError, OSError) as exc:
+                return self.outcome(None, "infra_error", custody,
+                                    infra_error=f"grading failed: {exc}",
+                                    grade_seconds=time.monotonic() - t)
+            return self.graded(custody, report, time.monotonic() - t)
+        finally:
+            custody.discard()
+
 
 class Episode:
     """One episode, synchronous. Use as a context manager; exit always cleans up."""
@@ -259,27 +283,7 @@ class Episode:
         if self._flow.finished is not None:
             return self._flow.finished
         sb = self._live()
-        flow = self._flow
-        try:
-            custody = take_custody(sb.kill_all, sb.workspace_fd, flow.scan_limits)
-        except (KarotteError, OSError) as exc:
-            self.close()
-            return flow.outcome(None, "infra_error", infra_error=f"custody failed: {exc}")
-        self.close()
-        try:
-            decided = flow.judge(custody)
-            if decided is not None:
-                return decided
-            t = time.monotonic()
-            try:
-                report = run_grader(flow.env, flow.seed, custody.submission)
-            except (KarotteError, OSError) as exc:
-                return flow.outcome(None, "infra_error", custody,
-                                    infra_error=f"grading failed: {exc}",
-                                    grade_seconds=time.monotonic() - t)
-            return flow.graded(custody, report, time.monotonic() - t)
-        finally:
-            custody.discard()
+        return self._flow.finish(sb.kill_all, sb.workspace_fd, self.close)
 
     def close(self) -> None:
         if self._sandbox is not None:
@@ -378,30 +382,10 @@ class AsyncEpisode:
         if self._flow.finished is not None:
             return self._flow.finished
         sb = self._live()
-        loop = asyncio.get_running_loop()
-        flow = self._flow
-        try:
-            custody = await loop.run_in_executor(None, take_custody, sb.kill_all_blocking,
-                                                 sb.workspace_fd, flow.scan_limits)
-        except (KarotteError, OSError) as exc:
-            await self.close()
-            return flow.outcome(None, "infra_error", infra_error=f"custody failed: {exc}")
+        outcome = await asyncio.get_running_loop().run_in_executor(
+            None, self._flow.finish, sb.kill_all_blocking, sb.workspace_fd, sb.close_blocking)
         await self.close()
-        try:
-            decided = flow.judge(custody)
-            if decided is not None:
-                return decided
-            t = time.monotonic()
-            try:
-                report = await loop.run_in_executor(None, run_grader, flow.env, flow.seed,
-                                                    custody.submission)
-            except (KarotteError, OSError) as exc:
-                return flow.outcome(None, "infra_error", custody,
-                                    infra_error=f"grading failed: {exc}",
-                                    grade_seconds=time.monotonic() - t)
-            return flow.graded(custody, report, time.monotonic() - t)
-        finally:
-            custody.discard()
+        return outcome
 
     async def close(self) -> None:
         if self._sandbox is not None:

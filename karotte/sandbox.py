@@ -793,6 +793,10 @@ class AsyncSandbox:
         """kill_all for a worker thread (custody runs there, next to the scan)."""
         self._core.kill_all()
 
+    def close_blocking(self) -> None:
+        """close for a worker thread."""
+        self._core.destroy()
+
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._core.destroy)
 
