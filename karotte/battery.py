@@ -249,12 +249,12 @@ def _play(env: Environment, seed: int, commands: Sequence[str]) -> tuple[Outcome
     return outcome, time.monotonic() - t
 
 
-def check(env: Environment, *, seed: int = 1, deep: bool | None = None,
+def check(env: Environment, *, seed: int = 1,
           progress: Callable[[str], None] | None = None) -> CheckReport:
     """Run the reference, the null agent and the battery against env."""
     t0 = time.monotonic()
     bottom, top = env.reward_range
-    deep = getattr(env, "deep", False) if deep is None else deep
+    deep = env.deep
     reference = tuple(env.reference_solution(seed))
     results: list[CheckResult] = []
 

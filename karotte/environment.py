@@ -69,6 +69,9 @@ class Environment:
     deliverables: ClassVar[Sequence[str]] = ()
     #: (bottom, top) of the rewards grade() returns; a give-up or a failure scores bottom
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
+    #: a deep task's reward does not saturate (a measured speedup): `karotte check` then
+    #: asks the reference solution to beat the bottom, not to reach the top
+    deep: ClassVar[bool] = False
 
     def prompt(self, seed: int) -> str:
         raise NotImplementedError(f"{type(self).__name__} must define prompt(seed)")

@@ -358,11 +358,16 @@ class _Walk:
         return fd, fst
 
     def _dir_problems(self, raw: bytes, st: os.stat_result) -> bool:
-        if st.st_mode & stat.S_ISVTX:
-            self._violate(raw, "sticky", RULE_MODE,
-                          f"directory mode {stat.S_IMODE(st.st_mode):04o}")
-            return True
-        return False
+        # Special bits on a directory are rejected like on a file (setgid dirs too: a
+        # deliverable stays one plain tree, whatever the copy would normalise).
+        found = False
+        for bit, kind in ((stat.S_ISUID, "setuid"), (stat.S_ISGID, "setgid"),
+                          (stat.S_ISVTX, "sticky")):
+            if st.st_mode & bit:
+                self._violate(raw, kind, RULE_MODE,
+                              f"directory mode {stat.S_IMODE(st.st_mode):04o}")
+                found = True
+        return found
 
     def _dir(self, parent: _Frame, name: bytes, raw: bytes, st: os.stat_result) -> _Frame | None:
         if self._dir_problems(raw, st):

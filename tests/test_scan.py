@@ -509,13 +509,13 @@ chmod +t .
         result = scan_and_copy(sb.workspace_fd, dest)
     assert violations(result) == {
         "helper": {"setuid", "setgid"}, "run.sh": {"setuid"}, "g.txt": {"setgid"},
-        "t.txt": {"sticky"}, "stickydir": {"sticky"}}
+        "t.txt": {"sticky"}, "stickydir": {"sticky"}, "sgid": {"setgid"}}
     assert only(result, "run.sh").rule == "D2 modes: no setuid, setgid or sticky bits"
     assert only(result, "run.sh").detail == "mode 4777"
     assert only(result, "stickydir").detail == "directory mode 1777"
     tree = checked(result, dest)  # also: owner is the host, no xattr (user.k is gone)
     assert {p: m for p, (_t, m, _c) in tree.items()} == {
-        b"sgid": 0o755, b"sgid/k.txt": 0o644, b"tool.sh": 0o755, b"private.txt": 0o644,
+        b"tool.sh": 0o755, b"private.txt": 0o644,
         b"locked.txt": 0o644, b"xonly": 0o755, b"open.txt": 0o644, b"attr.txt": 0o644}
     assert tree[b"locked.txt"][2] == b"locked\n"
     assert result.complete

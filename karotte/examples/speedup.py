@@ -137,6 +137,7 @@ class Speedup(Environment):
     deliverables = ("solution.py",)
     limits = SandboxSpec(memory=1024 * MiB, timeout=120)
     reward_range = (0.0, MAX_SPEEDUP)
+    deep = True  # the measured speedup does not saturate at the top
 
     def prompt(self, seed: int) -> str:
         return (
