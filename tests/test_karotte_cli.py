@@ -111,3 +111,18 @@ def test_check_passes_a_sound_environment(no_leaks):
     for name in ("reference", "null-agent", "fifo:answer.txt", "symlink-devzero:answer.txt",
                  "fork-bomb", "python-hooks", "host-unaffected"):
         assert any(line.startswith(name) and "PASS" in line for line in r.stdout.splitlines())
+
+
+@pytest.mark.parametrize("example", ["q3_revenue", "speedup", "fix_tests"])
+def test_check_passes_every_shipped_example(no_leaks, example):
+    r = karotte("check", f"karotte.examples.{example}", "--json")
+    report = json.loads(r.stdout)
+    failed = [(x["name"], x["why"]) for x in report["results"] if not x["passed"]]
+    assert r.returncode == 0 and failed == [], failed
+    assert len(report["results"]) >= 24
+
+
+def test_run_plays_the_shipped_example_end_to_end(no_leaks):
+    r = karotte("run", "karotte.examples.q3_revenue", "-n", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line)["reward"] for line in r.stdout.splitlines()] == [1.0, 1.0]
