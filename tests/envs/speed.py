@@ -1,0 +1,112 @@
+"""Make it faster: the agent writes fast.py, timed by the host against a slow baseline.
+
+Both programs run through ctx.compare_speed: each run in a fresh nested sandbox (its own
+/tmp, /dev/shm, PID and IPC namespaces; the submission read-only), interleaved and
+repeated, timed by the host's clock around the run. So a patched timer or an LD_PRELOAD
+in the agent's process measures nothing that counts (TIME-PATCH-01, TIME-PRELOAD-01); a
+cache can only be the agent's files, and the inputs are hidden (TIME-CACHE-01); nothing
+of the agent's sandbox, nor of an earlier run, is alive while one runs (TIME-BASELINE-01).
+The baseline's own output and time are checked against a calibrated range, and a
+speedup beyond what a Python process can do is rejected (D8).
+"""
+from __future__ import annotations
+
+import json
+import random
+
+from karotte.environment import Environment, Grade
+from karotte.spec import MiB, SandboxSpec
+
+PYTHON = "/usr/bin/python3"
+REQUIRED_SPEEDUP = 2.5
+IMPLAUSIBLE_SPEEDUP = 200.0  # the baseline takes ~0.4 s; no Python process starts in 2 ms
+BASELINE_RANGE = (0.05, 8.0)  # seconds a healthy baseline takes here
+
+BASELINE = '''\
+import sys
+
+n = int(sys.stdin.read())
+count = 0
+for k in range(2, n):
+    d = 2
+    while d * d <= k:
+        if k % d == 0:
+            break
+        d += 1
+    else:
+        count += 1
+print(count)
+'''
+
+FAST = '''\
+import sys
+
+n = int(sys.stdin.read())
+sieve = bytearray([1]) * max(n, 2)
+sieve[0] = sieve[1] = 0
+for p in range(2, int(n ** 0.5) + 1):
+    if sieve[p]:
+        sieve[p * p::p] = bytes(len(range(p * p, n, p)))
+print(sum(sieve[:n]))
+'''
+
+
+def prime_count(n: int) -> int:
+    sieve = bytearray([1]) * max(n, 2)
+    sieve[0] = sieve[1] = 0
+    for p in range(2, int(n ** 0.5) + 1):
+        if sieve[p]:
+            sieve[p * p::p] = bytes(len(range(p * p, n, p)))
+    return sum(sieve[:n])
+
+
+def hidden_input(seed: int) -> int:
+    return random.Random(f"speed-{seed}").randrange(80_000, 120_000)
+
+
+class PrimeCount(Environment):
+    """Write fast.py: the count of primes below n (n on stdin), faster than count_primes.py."""
+
+    deliverables = ("fast.py",)
+    limits = SandboxSpec(memory=256 * MiB, disk=64 * MiB, timeout=20)
+    grader_limits = SandboxSpec(memory=512 * MiB, pids=128, disk=16 * MiB, timeout=60)
+    example_input = 50_000
+
+    def prompt(self, seed):
+        return (f"/workspace/count_primes.py prints the number of primes below n (read from "
+                f"stdin), slowly. Write /workspace/fast.py that does the same at least "
+                f"{REQUIRED_SPEEDUP}x faster. It is timed on hidden n between 80000 and 120000 "
+                f"(example: echo {self.example_input} | python3 count_primes.py).")
+
+    def workspace_files(self, seed):
+        return {"count_primes.py": BASELINE}
+
+    def hidden_files(self, seed):
+        n = hidden_input(seed)
+        return {"cases.json": json.dumps({"inputs": [n], "expected": [prime_count(n)]})}
+
+    def grade(self, ctx):
+        cases = json.loads((ctx.hidden / "cases.json").read_text())
+        if ctx.read_deliverable("fast.py") is None:
+            return Grade(0.0, {"verdict": "no_deliverable"})
+        cmp = ctx.compare_speed([PYTHON, "-I", "/workspace/fast.py"],
+                                [PYTHON, "-I", "-c", BASELINE],
+                                [str(n).encode() for n in cases["inputs"]], repeats=3, timeout=10,
+                                memory=128 * MiB)
+        expected = [str(e).encode() for e in cases["expected"]]
+        details = {"speedup": cmp.speedup, "candidate_seconds": cmp.candidate_seconds,
+                   "baseline_seconds": cmp.baseline_seconds, "failures": list(cmp.failures)}
+        baseline_ok = ([b.strip() for _, b in cmp.outputs] == expected
+                       and BASELINE_RANGE[0] <= cmp.baseline_seconds <= BASELINE_RANGE[1])
+        if not baseline_ok:
+            return Grade(0.0, {**details, "verdict": "baseline_out_of_calibration"})
+        if cmp.failures or [c.strip() for c, _ in cmp.outputs] != expected:
+            return Grade(0.0, {**details, "verdict": "wrong_output"})
+        if cmp.speedup > IMPLAUSIBLE_SPEEDUP:
+            return Grade(0.0, {**details, "verdict": "implausible_speedup"})
+        if cmp.speedup < REQUIRED_SPEEDUP:
+            return Grade(0.0, {**details, "verdict": "too_slow"})
+        return Grade(1.0, {**details, "verdict": "fast_enough"})
+
+    def reference_solution(self, seed):
+        return [f"cat > fast.py <<'EOF'\n{FAST}EOF"]
