@@ -26,11 +26,13 @@ from typing import Any, Sequence
 from .results import ExecResult
 
 CHANNEL_FD = 3
-MAX_MSG = 256 * 1024
-# The host's reply to a run goes as SEQPACKET records of at most REPLY_CHUNK bytes, the
-# first byte of each saying whether more follow: one record cannot exceed the socket's
-# send buffer (about 200 KiB by default), and a run's output alone may be 1 MiB.
-REPLY_CHUNK = 64 * 1024
+REPLY_SLACK = 256 * 1024  # a run reply's JSON and base64 around its output
+# Every message on the channel, both ways, goes as SEQPACKET records of at most CHUNK
+# bytes, the first byte of each saying whether more follow: one record cannot exceed the
+# socket's send buffer (about 200 KiB by default), and a run's output alone may be 1 MiB,
+# a run's stdin or a grader's details as large.
+CHUNK = 64 * 1024
+REQUEST_LIMIT = 64 * 1024 * 1024  # at most this much in one request or report
 MORE, LAST = b"+", b"."
 SUBMISSION = Path("/submission")
 HIDDEN = Path("/hidden")
@@ -60,21 +62,24 @@ def encode_result(result: ExecResult) -> dict:
     return out
 
 
-def send_reply(channel: socket.socket, data: bytes) -> None:
-    """The host's side: data as records of at most REPLY_CHUNK bytes, tagged MORE or LAST."""
-    for start in range(0, max(len(data), 1), REPLY_CHUNK):
-        end = start + REPLY_CHUNK
+def send_message(channel: socket.socket, data: bytes) -> None:
+    """data as records of at most CHUNK bytes, tagged MORE or LAST."""
+    for start in range(0, max(len(data), 1), CHUNK):
+        end = start + CHUNK
         channel.send((LAST if end >= len(data) else MORE) + data[start:end])
 
 
-def recv_reply(channel: socket.socket, limit: int) -> bytes:
-    """The grader's side of send_reply: the whole reply, at most `limit` bytes."""
+def recv_message(channel: socket.socket, limit: int) -> bytes:
+    """The other side of send_message: the whole message, at most `limit` bytes. Raises
+    EOFError when the channel closed before a message began, GraderError if malformed."""
     parts: list[bytes] = []
     size = 0
     while True:
-        record = channel.recv(REPLY_CHUNK + 1)
+        record = channel.recv(CHUNK + 1)
         if not record:
-            raise GraderError("the host closed the grading channel")
+            if not parts:
+                raise EOFError("the grading channel is closed")
+            raise GraderError("the grading channel closed within a message")
         size += len(record) - 1
         if size > limit or record[:1] not in (MORE, LAST):
             raise GraderError("malformed reply on the grading channel")
@@ -122,7 +127,7 @@ class GradeContext:
         reply = self._call({"op": "run", "argv": list(argv), "timeout": timeout,
                             "stdin": base64.b64encode(stdin).decode(), "memory": memory,
                             "pids": pids, "cpus": cpus, "output_limit": output_limit},
-                           reply_limit=3 * output_limit + MAX_MSG)
+                           reply_limit=3 * output_limit + REPLY_SLACK)
         return decode_result(reply["result"])
 
     def compare_speed(self, candidate: Sequence[str], baseline: Sequence[str],
@@ -155,15 +160,18 @@ class GradeContext:
                                tuple((o[0], o[1]) for o in outputs), tuple(failures))
 
     def _call(self, request: dict, reply_limit: int) -> dict:
-        self._channel.send(json.dumps(request).encode())
-        reply = json.loads(recv_reply(self._channel, reply_limit))
+        send_message(self._channel, json.dumps(request).encode())
+        try:
+            reply = json.loads(recv_message(self._channel, reply_limit))
+        except EOFError:
+            raise GraderError("the host closed the grading channel") from None
         if "error" in reply:
             raise GraderError(reply["error"])
         return reply
 
 
 def _finish(channel: socket.socket, message: dict[str, Any]) -> None:
-    channel.send(json.dumps(message, allow_nan=True).encode())
+    send_message(channel, json.dumps(message, allow_nan=True).encode())
 
 
 def main() -> None:

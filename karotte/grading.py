@@ -30,7 +30,7 @@ from typing import Any, Mapping
 from . import cgroups
 from .environment import Environment, target_of
 from .errors import KarotteError
-from .grader_runtime import MAX_MSG, encode_result, send_reply
+from .grader_runtime import REQUEST_LIMIT, GraderError, encode_result, recv_message, send_message
 from .results import ExecResult
 from .sandbox import AGENT_UID, DEFAULT_UID_BASE, Sandbox
 from .spec import MiB, Bind, SandboxSpec
@@ -214,15 +214,11 @@ def _serve(channel: socket.socket, parent: cgroups.Cgroup, submission: str,
     runs = 0
     while True:
         try:
-            data = channel.recv(MAX_MSG)
-        except OSError:
-            return None, runs
-        if not data:
-            return None, runs
-        try:
-            request = json.loads(data)
+            request = json.loads(recv_message(channel, REQUEST_LIMIT))
             op = request["op"]
-        except (ValueError, KeyError, TypeError):
+        except (OSError, EOFError):
+            return None, runs
+        except (GraderError, ValueError, KeyError, TypeError):
             return {"op": "invalid", "why": "malformed message on the grading channel"}, runs
         if op != "run":
             return request, runs
@@ -232,7 +228,7 @@ def _serve(channel: socket.socket, parent: cgroups.Cgroup, submission: str,
         except (KarotteError, ValueError, TypeError, KeyError, OSError) as exc:
             reply = {"error": f"run failed: {exc}"}
         try:
-            send_reply(channel, json.dumps(reply).encode())
+            send_message(channel, json.dumps(reply).encode())
         except OSError:
             return None, runs
 

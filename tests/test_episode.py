@@ -7,7 +7,7 @@ import time
 import pytest
 
 from envs.basic import Addition, Doubler
-from envs.broken import CrashingGrader, GraderCannotStart, TinyOutput
+from envs.broken import CrashingGrader, GraderCannotStart, LargeMessages, TinyOutput
 from karotte.episode import AsyncEpisode, Episode, set_concurrency
 from karotte.errors import SandboxClosed
 
@@ -153,3 +153,10 @@ def test_async_episodes_share_one_event_loop_under_a_concurrency_limit(no_leaks)
     rewards, elapsed = asyncio.run(main())
     assert rewards == [1.0] * 12
     assert elapsed >= 3 * 0.3, "more than 4 episodes held a sandbox at once"
+
+
+def test_large_grader_messages_both_ways_arrive_whole(no_leaks):
+    env = LargeMessages()
+    outcome = play(env, 2, env.reference_solution(2))
+    assert (outcome.reward, outcome.reason) == (1.0, "graded")
+    assert outcome.details["counted"] == "1000000" and len(outcome.details["blob"]) == 500_000

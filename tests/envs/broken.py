@@ -26,3 +26,13 @@ class TinyOutput(Addition):
     """Keeps only 4 KiB of each stream of a command."""
 
     limits = SandboxSpec(output_limit=4096)
+
+
+class LargeMessages(Addition):
+    """Its grader sends 1 MB to the agent's program and reports 0.5 MB of details."""
+
+    def grade(self, ctx):
+        r = ctx.run(["wc", "-c"], stdin=b"x" * 1_000_000, timeout=20)
+        score = super().grade(ctx)
+        reward = score.reward if isinstance(score, Grade) else score
+        return Grade(reward, {"counted": r.stdout.decode().strip(), "blob": "y" * 500_000})
