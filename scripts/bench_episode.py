@@ -467,9 +467,9 @@ def _sync_run(n: int, seed0: int) -> tuple[list[int], list[int]]:
 
 
 async def _async_run(k: int, n: int, seed0: int) -> tuple[list[int], list[int]]:
-    """n episodes at once from this loop, at most k holding an agent sandbox. Returns each
-    one's latency (from its start, waiting for a slot included) and the time from its
-    slot to its outcome."""
+    """n episodes at once from this loop, at most k past reset's slot. Returns each one's
+    latency (from its start, waiting for a slot included) and the time from its slot to
+    its outcome."""
     set_concurrency(k)
 
     async def one(seed: int) -> tuple[int, int]:
@@ -578,7 +578,7 @@ def case_throughput(rounds: int, per_run: int, log) -> dict:
             "series": [Series(f"{name}: episode latency", "start to end of one episode, "
                               "waiting for a slot included", latency[name]).to_json(),
                        Series(f"{name}: served", "from the slot acquired in reset to the "
-                              "outcome (the slot is given back before grading)",
+                              "outcome",
                               service[name]).to_json()],
         })
     return {"rounds": rounds, "episodes_per_run": per_run, "cores": cores,
@@ -825,9 +825,9 @@ def _render_throughput(tp: dict) -> list[str]:
               "process (event loop, executor and grader threads, one GIL); sandboxes are its "
               "reaped children (inits, the agent's commands, the python3 graders); other is "
               "the rest of the host (kernel workers, other users)",
-              "- served: from the slot acquired in reset to the outcome; AsyncEpisode gives "
-              "its slot back after custody, so set_concurrency(k) bounds agent sandboxes, "
-              "not gradings (those run in asyncio's default executor)",
+              "- served: from the slot acquired in reset to the outcome; finish() (custody "
+              "and grading) runs in asyncio's default executor, so no more gradings run at "
+              "once than it has workers, whatever the concurrency",
               "- CPU-bound ceiling: cores / host CPU per episode",
               _load_line(tp), ""]
     return lines
