@@ -38,8 +38,8 @@ SHELL_STATE = "/home/agent/.karotte-shell-state"
 SHELL = r"""
 if [ -r %(state)s ]; then . %(state)s; fi
 __karotte_save() {
-    { export -p | grep -v -E '^declare -x (SHLVL|_|OLDPWD)='
-      printf 'cd -- %%q 2>/dev/null\n' "$PWD"; } > %(state)s 2>/dev/null
+    export -n SHLVL _ OLDPWD 2>/dev/null  # this shell is ending: only the saved list changes
+    { export -p; printf 'cd -- %%q 2>/dev/null\n' "$PWD"; } > %(state)s 2>/dev/null
 }
 trap __karotte_save EXIT
 eval "$1"

@@ -38,7 +38,8 @@ from .spec import MiB, Bind, SandboxSpec
 LIB_MOUNT = "/opt/karotte-lib"
 PYTHON = "/usr/bin/python3"
 # The grader's entry: isolated mode (-I: no PYTHON* variables, no user site, no cwd on
-# sys.path), no bytecode writes (-B), and only the private library copy on sys.path.
+# sys.path), no site module at all (-S: no .pth files anywhere), no bytecode writes (-B),
+# and only the private library copy on sys.path.
 BOOT = (f"import sys; sys.path[:0] = [{LIB_MOUNT!r}]; "
         "from karotte.grader_runtime import main; main()")
 RUNTIME_MODULES = ("__init__.py", "environment.py", "spec.py", "results.py", "grader_runtime.py")
@@ -185,7 +186,7 @@ def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, lib: str, hidden: str
             def grade() -> None:
                 try:
                     outcome["exec"] = sandbox.exec(
-                        [PYTHON, "-I", "-B", "-c", BOOT, target, str(seed)],
+                        [PYTHON, "-I", "-S", "-B", "-c", BOOT, target, str(seed)],
                         timeout=limits.timeout, pass_fds=[grader_end.fileno()])
                 except BaseException as exc:  # reported as an infrastructure failure
                     outcome["exec_error"] = exc
