@@ -148,6 +148,13 @@ def _procs(directory: str) -> set[int]:
 def _rmdir_tree(directory: str, deadline: float) -> None:
     """rmdir a cgroup and any child cgroups, deepest first. cgroupfs rmdir needs no files
     removed; EBUSY right after the last task died is retried until the deadline."""
+    try:
+        os.rmdir(directory)  # the usual case: no child cgroups, no walk of the control files
+        return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
     for top, _, _ in sorted(os.walk(directory), key=lambda w: -w[0].count("/")):
         delay = 0.001
         while True:
@@ -388,7 +395,14 @@ class Cgroup:
         and leaves the cgroup as it is, so that a retry or `gc` can finish the job."""
         if self._destroyed:
             return
-        self.kill_all()
+        try:
+            # Already emptied by its owner (the usual case)? The kernel refuses to remove
+            # a cgroup that holds a task (EBUSY), so this cannot leave one running.
+            os.rmdir(self.paths[0])
+        except FileNotFoundError:
+            pass
+        except OSError:
+            self.kill_all()
         deadline = time.monotonic() + 5.0
         for path in self.paths:
             _rmdir_tree(path, deadline)

@@ -136,7 +136,6 @@ class _Flow:
         self.t_start = time.monotonic()
         self.t_reset = self.t_agent = 0.0
         self.finished: Outcome | None = None
-        self.gave_up = False
 
     def setup_command(self) -> tuple[list[str], bytes] | None:
         files = self.env.workspace_files(self.seed)

@@ -19,7 +19,6 @@ import math
 import os
 import shutil
 import socket
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -27,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import cgroups
+from . import cgroups, hostdirs
 from .environment import Environment, target_of
 from .errors import KarotteError
 from .grader_runtime import REQUEST_LIMIT, GraderError, encode_result, recv_message, send_message
@@ -68,34 +67,12 @@ def sandbox_owner() -> tuple[int, int]:
     return os.geteuid(), os.getegid()
 
 
-def runtime_dir() -> str:
-    """Where private directories go: $KAROTTE_RUNTIME_DIR, else /dev/shm (a tmpfs: the
-    custody copy creates many small files, at memory speed), else the temp directory."""
-    return os.environ.get("KAROTTE_RUNTIME_DIR") or (
-        "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
-
-
 def private_dir(tag: str) -> str:
     """A fresh host directory only root and sandbox processes can read (mode 0700, owned
-    by the sandbox's host uid): bind sources of hidden data and submissions. Its name
-    names its creator, like a sandbox cgroup's, so `gc` can remove it after a crash."""
-    path = os.path.join(runtime_dir(), cgroups.leaf_name(tag))
-    os.mkdir(path, 0o700)
+    by the sandbox's host uid): bind sources of hidden data and submissions."""
+    path = hostdirs.new_dir(tag, 0o700)
     os.chown(path, *sandbox_owner())
     return path
-
-
-def find_stale_dirs() -> list[str]:
-    """Private directories (see private_dir) whose creator is gone."""
-    top = runtime_dir()
-    stale = []
-    for name in sorted(os.listdir(top)):
-        try:
-            if not cgroups.creator_alive(name):
-                stale.append(os.path.join(top, name))
-        except ValueError:  # not one of ours
-            continue
-    return stale
 
 
 def _copy_tree(src: Path, dst: Path) -> None:

@@ -6,12 +6,16 @@ rootfs/. Every mount is nosuid and nodev except the single device-node binds und
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import stat
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
+from . import hostdirs
 from . import protocol as p
 from .spec import SandboxSpec
 
@@ -51,6 +55,47 @@ def _userland_ops() -> tuple[tuple[str, str], ...]:
     return tuple(ops)
 
 
+@lru_cache(maxsize=None)
+def etc_dir(hostname: str) -> str:
+    """The sandbox's /etc as a host directory: the generated identity files, and copies of
+    the host files programs need (rootfs/default.json). Made once per process and hostname
+    (one bind instead of dozens per sandbox); removed at exit, or by gc after a crash."""
+    rootfs = default_rootfs()
+    path = hostdirs.new_dir("etc", 0o755)
+    atexit.register(shutil.rmtree, path, True)
+    for name in rootfs.host_etc:
+        _copy_public(os.path.join("/etc", name), os.path.join(path, name))
+    generated = dict(rootfs.etc_files)
+    generated["hostname"] = f"{hostname}\n".encode()
+    generated["hosts"] = (f"127.0.0.1\tlocalhost {hostname}\n"
+                          f"::1\tlocalhost ip6-localhost {hostname}\n").encode()
+    for name, content in generated.items():
+        with open(os.path.join(path, name), "wb") as f:
+            f.write(content)
+        os.chmod(os.path.join(path, name), 0o644)
+    return path
+
+
+def _copy_public(src: str, dst: str) -> None:
+    """Copy what every host user may read, and nothing else: a bind would have shown the
+    sandbox (an unmapped "other") exactly that. /etc/ssl/private stays behind."""
+    try:
+        st = os.lstat(src)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):  # os-release -> ../usr/lib/os-release resolves inside too
+        os.symlink(os.readlink(src), dst)
+    elif stat.S_ISDIR(st.st_mode):
+        if st.st_mode & (stat.S_IROTH | stat.S_IXOTH) != (stat.S_IROTH | stat.S_IXOTH):
+            return
+        os.mkdir(dst, 0o755)
+        for name in sorted(os.listdir(src)):
+            _copy_public(os.path.join(src, name), os.path.join(dst, name))
+    elif stat.S_ISREG(st.st_mode) and st.st_mode & stat.S_IROTH:
+        shutil.copyfile(src, dst)
+        os.chmod(dst, 0o755 if st.st_mode & stat.S_IXOTH else 0o644)
+
+
 def add_mount_plan(msg: p.Message, spec: SandboxSpec, agent_uid: int, agent_gid: int) -> None:
     """Append the mount plan to a CONFIG message. Owner ids are as seen by init."""
     rootfs = default_rootfs()
@@ -60,15 +105,8 @@ def add_mount_plan(msg: p.Message, spec: SandboxSpec, agent_uid: int, agent_gid:
         else:
             msg.mount(p.M_BIND, path, path, flags=p.MF_RDONLY)
 
-    # /etc: generated identity files, then a short list of host files programs need.
-    for name, content in rootfs.etc_files:
-        msg.mount(p.M_FILE, f"/etc/{name}", content, mode=0o644)
-    msg.mount(p.M_FILE, "/etc/hostname", f"{spec.hostname}\n", mode=0o644)
-    msg.mount(p.M_FILE, "/etc/hosts",
-              f"127.0.0.1\tlocalhost {spec.hostname}\n::1\tlocalhost ip6-localhost {spec.hostname}\n",
-              mode=0o644)
-    for name in rootfs.host_etc:
-        msg.mount(p.M_BIND, f"/etc/{name}", f"/etc/{name}", flags=p.MF_RDONLY | p.MF_OPTIONAL)
+    # /etc: one read-only bind of a directory made once per process (see etc_dir).
+    msg.mount(p.M_BIND, "/etc", etc_dir(spec.hostname), flags=p.MF_RDONLY)
 
     # /dev: in the read-only root, binds of a few harmless character devices. (Not a
     # tmpfs of its own: each superblock costs the kernel memory in every memory cgroup.)

@@ -507,7 +507,7 @@ def test_LEAK_FS_01_hidden_tests_are_nowhere_in_the_agents_sandbox():
         assert case["expect"] not in r.text
     mounts = [line.split()[4] for line in r.text.splitlines()
               if line[:1].isdigit() and " - " in line]
-    assert mounts and all(m in ("/", "/usr", "/proc", "/tmp", "/workspace", "/home/agent")
+    assert mounts and all(m in ("/", "/usr", "/etc", "/proc", "/tmp", "/workspace", "/home/agent")
                           or m.startswith(("/etc/", "/dev/")) for m in mounts), mounts
     scored_bottom(outcome)
 

@@ -69,6 +69,16 @@ def test_hostname_is_fixed_and_only_loopback_exists(sandbox):
     assert [line.split(":")[0].strip() for line in devs] == ["lo"]
 
 
+def test_host_files_only_root_may_read_stay_invisible(sandbox):
+    # /etc is a copy of host files; what a host user could not read must not be in it.
+    private = "/etc/ssl/private"
+    if os.path.isdir(private) and not os.stat(private).st_mode & 0o005:
+        r = sandbox.exec(["ls", "-la", private])
+        assert r.exit_code != 0 and b"No such file" in r.stderr
+    r = sandbox.exec(["sh", "-c", "cat /etc/shadow /etc/gshadow 2>&1; echo rc=$?"])
+    assert b"No such file" in r.stdout and b"root:" not in r.stdout
+
+
 def test_root_is_read_only_and_only_the_scratch_mounts_are_writable(sandbox):
     script = """
 import os, errno
@@ -103,7 +113,7 @@ def test_every_mount_is_nosuid_and_nodev_except_the_device_nodes(sandbox):
 def test_nothing_of_the_host_is_mounted_beyond_the_userland(sandbox):
     points = {line.split()[4] for line in
               sandbox.exec(["cat", "/proc/self/mountinfo"]).stdout.decode().splitlines()}
-    allowed_prefixes = ("/usr", "/etc/", "/dev", "/proc", "/tmp", "/workspace", "/home/agent")
+    allowed_prefixes = ("/usr", "/etc", "/dev", "/proc", "/tmp", "/workspace", "/home/agent")
     for point in points - {"/"}:
         assert point.startswith(allowed_prefixes), f"unexpected mount {point}"
 

@@ -209,11 +209,11 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from ..grading import find_stale_dirs
+    from .. import hostdirs
 
     work = [("cgroup", path, cgroups.remove_stale, "(and killed what was in it)")
             for path in cgroups.find_stale()]
-    work += [("directory", path, shutil.rmtree, "") for path in find_stale_dirs()]
+    work += [("directory", path, shutil.rmtree, "") for path in hostdirs.find_stale()]
     if not work:
         print("nothing to clean up")
         return 0

@@ -1,0 +1,39 @@
+"""Directories Karotte makes on the host: where they go, and finding those of dead creators.
+
+Each is named like a sandbox cgroup, after its creator (karotte-<pid>.<starttime>-...), so
+`karotte-sandbox gc` can remove what a crashed process left behind.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+from . import cgroups
+
+
+def runtime_dir() -> str:
+    """$KAROTTE_RUNTIME_DIR, else /dev/shm (a tmpfs: the custody copy creates many small
+    files, at memory speed), else the temp directory."""
+    return os.environ.get("KAROTTE_RUNTIME_DIR") or (
+        "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+
+
+def new_dir(tag: str, mode: int) -> str:
+    """A fresh directory in runtime_dir() named after this process."""
+    path = os.path.join(runtime_dir(), cgroups.leaf_name(tag))
+    os.mkdir(path, mode)
+    os.chmod(path, mode)  # not narrowed by the umask
+    return path
+
+
+def find_stale() -> list[str]:
+    """Directories of runtime_dir() made by processes that are gone."""
+    top = runtime_dir()
+    stale = []
+    for name in sorted(os.listdir(top)):
+        try:
+            if not cgroups.creator_alive(name):
+                stale.append(os.path.join(top, name))
+        except ValueError:  # not one of ours
+            continue
+    return stale
