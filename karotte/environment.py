@@ -31,7 +31,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
-from .spec import GiB, MiB, SandboxSpec
+from .spec import GiB, MiB, SandboxSpec, ScanLimits
 
 if TYPE_CHECKING:
     from .grader_runtime import GradeContext
@@ -67,6 +67,8 @@ class Environment:
     #: paths under /workspace that grade() reads. A violation on one (a symlink, a FIFO,
     #: a file over the size cap...) scores the bottom reward with a reason.
     deliverables: ClassVar[Sequence[str]] = ()
+    #: the custody scan's budgets (docs/scan.md); tighten them to what the task needs
+    scan_limits: ClassVar[ScanLimits] = ScanLimits()
     #: (bottom, top) of the rewards grade() returns; a give-up or a failure scores bottom
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
     #: a deep task's reward does not saturate (a measured speedup): `karotte check` then

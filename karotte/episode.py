@@ -128,10 +128,10 @@ def _tarball(files: Mapping[str, bytes | str | File]) -> bytes:
 class _Flow:
     """The episode's state and its decisions, shared by the sync and async faces."""
 
-    def __init__(self, env: Environment | str, seed: int, scan_limits: ScanLimits):
+    def __init__(self, env: Environment | str, seed: int, scan_limits: ScanLimits | None):
         self.env = load(env)() if isinstance(env, str) else env
         self.seed = seed
-        self.scan_limits = scan_limits
+        self.scan_limits = scan_limits or self.env.scan_limits
         self.log: list[ExecRecord] = []
         self.t_start = time.monotonic()
         self.t_reset = self.t_agent = 0.0
@@ -220,7 +220,7 @@ class Episode:
     """One episode, synchronous. Use as a context manager; exit always cleans up."""
 
     def __init__(self, env: Environment | str, seed: int = 0, *,
-                 scan_limits: ScanLimits = ScanLimits()):
+                 scan_limits: ScanLimits | None = None):
         self._flow = _Flow(env, seed, scan_limits)
         self._sandbox: Sandbox | None = None
 
@@ -322,7 +322,7 @@ class AsyncEpisode:
     a sandbox at once; the others wait in reset()."""
 
     def __init__(self, env: Environment | str, seed: int = 0, *,
-                 scan_limits: ScanLimits = ScanLimits()):
+                 scan_limits: ScanLimits | None = None):
         self._flow = _Flow(env, seed, scan_limits)
         self._sandbox: AsyncSandbox | None = None
         self._slot: asyncio.Semaphore | None = None

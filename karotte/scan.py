@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 
 from .errors import KarotteError
-from .spec import KiB, MiB
+from .spec import KiB, MiB, ScanLimits
 
 __all__ = [
     "ScanError", "ScanLimits", "Violation", "ScannedFile", "ScanResult", "VIOLATION_KINDS",
@@ -38,7 +38,6 @@ __all__ = [
 ]
 
 SPARSE_MIN_SIZE = 64 * KiB  # smaller files are never called sparse: their holes cost little
-MAX_DEPTH_LIMIT = 256  # the walk holds two fds per level (source and copy)
 _CHUNK = 1 * MiB
 
 # Agent inodes: never follow a link, never block, never leak into a child.
@@ -79,37 +78,6 @@ VIOLATION_KINDS = frozenset({
 class ScanError(KarotteError):
     """The scan could not run: a bad workspace fd or dest_dir, or a host-side failure
     while writing the copy. Never caused by what the agent left in its workspace."""
-
-
-@dataclass(frozen=True)
-class ScanLimits:
-    """D4 budgets. Each default is far above what an honest RL workspace holds."""
-
-    max_depth: int = 32  # path components below the workspace root
-    max_entries: int = 100_000  # directory entries read, of any type
-    max_file_size: int = 64 * MiB  # st_size of one regular file (not its blocks)
-    max_total_size: int = 256 * MiB  # bytes copied, all files together
-    max_name_length: int = 255  # bytes of one name
-    max_seconds: float = 10.0  # wall time of the whole scan and copy
-    sparse_ratio: float = 0.5  # sparse: st_blocks*512 < st_size*ratio (st_size > 64 KiB)
-    max_path_bytes: int = 64 * MiB  # path text the result holds (raw and escaped forms)
-
-    def __post_init__(self):
-        for name in ("max_depth", "max_entries", "max_file_size", "max_total_size",
-                     "max_name_length", "max_path_bytes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"ScanLimits.{name} must be a positive integer, got {value!r}")
-        if self.max_depth > MAX_DEPTH_LIMIT:
-            raise ValueError(f"ScanLimits.max_depth is at most {MAX_DEPTH_LIMIT} (the walk holds "
-                             f"two fds per level), got {self.max_depth}")
-        if not (isinstance(self.max_seconds, (int, float)) and math.isfinite(self.max_seconds)
-                and self.max_seconds > 0):
-            raise ValueError(f"ScanLimits.max_seconds must be positive seconds, "
-                             f"got {self.max_seconds!r}")
-        if not (isinstance(self.sparse_ratio, (int, float)) and 0 <= self.sparse_ratio <= 1):
-            raise ValueError(f"ScanLimits.sparse_ratio must be in [0, 1] (0 turns the check "
-                             f"off), got {self.sparse_ratio!r}")
 
 
 @dataclass(frozen=True)

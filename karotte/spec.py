@@ -83,3 +83,37 @@ class SandboxSpec:
             raise ValueError(f"SandboxSpec.memory: at least 16 MiB is needed, got {self.memory}")
         if self.pids < 2:
             raise ValueError("SandboxSpec.pids: at least 2 (init and one command)")
+
+
+MAX_DEPTH_LIMIT = 256  # the walk holds two fds per level (source and copy)
+
+
+@dataclass(frozen=True)
+class ScanLimits:
+    """D4 budgets. Each default is far above what an honest RL workspace holds."""
+
+    max_depth: int = 32  # path components below the workspace root
+    max_entries: int = 100_000  # directory entries read, of any type
+    max_file_size: int = 64 * MiB  # st_size of one regular file (not its blocks)
+    max_total_size: int = 256 * MiB  # bytes copied, all files together
+    max_name_length: int = 255  # bytes of one name
+    max_seconds: float = 10.0  # wall time of the whole scan and copy
+    sparse_ratio: float = 0.5  # sparse: st_blocks*512 < st_size*ratio (st_size > 64 KiB)
+    max_path_bytes: int = 64 * MiB  # path text the result holds (raw and escaped forms)
+
+    def __post_init__(self):
+        for name in ("max_depth", "max_entries", "max_file_size", "max_total_size",
+                     "max_name_length", "max_path_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"ScanLimits.{name} must be a positive integer, got {value!r}")
+        if self.max_depth > MAX_DEPTH_LIMIT:
+            raise ValueError(f"ScanLimits.max_depth is at most {MAX_DEPTH_LIMIT} (the walk holds "
+                             f"two fds per level), got {self.max_depth}")
+        if not (isinstance(self.max_seconds, (int, float)) and math.isfinite(self.max_seconds)
+                and self.max_seconds > 0):
+            raise ValueError(f"ScanLimits.max_seconds must be positive seconds, "
+                             f"got {self.max_seconds!r}")
+        if not (isinstance(self.sparse_ratio, (int, float)) and 0 <= self.sparse_ratio <= 1):
+            raise ValueError(f"ScanLimits.sparse_ratio must be in [0, 1] (0 turns the check "
+                             f"off), got {self.sparse_ratio!r}")

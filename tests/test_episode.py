@@ -7,7 +7,8 @@ import time
 import pytest
 
 from envs.basic import Addition, Doubler
-from envs.broken import CrashingGrader, GraderCannotStart, LargeMessages, TinyOutput
+from envs.broken import (CrashingGrader, GraderCannotStart, LargeMessages, TightScanLimits,
+                         TinyOutput)
 from karotte.episode import AsyncEpisode, Episode, set_concurrency
 from karotte.errors import SandboxClosed
 
@@ -160,3 +161,11 @@ def test_large_grader_messages_both_ways_arrive_whole(no_leaks):
     outcome = play(env, 2, env.reference_solution(2))
     assert (outcome.reward, outcome.reason) == (1.0, "graded")
     assert outcome.details["counted"] == "1000000" and len(outcome.details["blob"]) == 500_000
+
+
+def test_an_author_can_tighten_the_scan_limits(no_leaks):
+    outcome = play(TightScanLimits(), 0, ["head -c 100 /dev/zero | tr '\\0' 1 > answer.txt"])
+    assert (outcome.reward, outcome.reason) == (0.0, "scanner_rejected_required_output")
+    assert [(v.path, v.kind) for v in outcome.violations] == [("answer.txt", "file-too-large")]
+    env = TightScanLimits()
+    assert play(env, 0, env.reference_solution(0)).reward == 1.0

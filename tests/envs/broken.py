@@ -2,7 +2,7 @@
 from dataclasses import replace
 
 from karotte.environment import Environment, Grade
-from karotte.spec import Bind, SandboxSpec
+from karotte.spec import Bind, SandboxSpec, ScanLimits
 
 from .basic import Addition
 
@@ -36,3 +36,9 @@ class LargeMessages(Addition):
         score = super().grade(ctx)
         reward = score.reward if isinstance(score, Grade) else score
         return Grade(reward, {"counted": r.stdout.decode().strip(), "blob": "y" * 500_000})
+
+
+class TightScanLimits(Addition):
+    """An author who knows answer.txt is a short number caps files at 32 bytes."""
+
+    scan_limits = ScanLimits(max_file_size=32)
