@@ -32,7 +32,7 @@ from .errors import KarotteError
 from .grader_runtime import REQUEST_LIMIT, GraderError, encode_result, recv_message, send_message
 from .results import ExecResult
 from .sandbox import AGENT_UID, DEFAULT_UID_BASE, Sandbox
-from .spec import MiB, Bind, SandboxSpec
+from .spec import Bind, SandboxSpec
 
 LIB_MOUNT = "/opt/karotte-lib"
 PYTHON = "/usr/bin/python3"

@@ -22,7 +22,6 @@ Why it is safe, step by step:
 from __future__ import annotations
 
 import errno
-import math
 import os
 import re
 import stat

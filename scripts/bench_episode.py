@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import resource
 import shlex
@@ -55,7 +54,7 @@ for _path in (REPO, SCRIPTS):  # karotte from the checkout; bench_envs as a top-
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from bench_sandbox import Goal, HostLoad, PhaseTimer, Series, Stats, machine  # noqa: E402
+from bench_sandbox import Goal, PhaseTimer, Series, Stats, machine, run_cases  # noqa: E402
 
 try:
     import bench_envs  # noqa: E402
@@ -924,21 +923,7 @@ def main(argv: list[str] | None = None) -> int:
                                               4 if args.quick else 96, log),
         "scan": lambda: case_scan(max(1, runs // 20), args.files, log),
     }
-    for number, name in enumerate(CASES, 1):
-        if name in selected:
-            log(f"case {number}: {name}")
-            load = HostLoad()
-            result["cases"][name] = runners[name]()
-            result["cases"][name]["host_load"] = load.done()
-    result["seconds"] = time.perf_counter() - t0
-    result["goals"] = [asdict(g) for g in goals(result["cases"])]
-    text = render(result)
-    print(text, end="")
-    if args.json:
-        result["summary_text"] = text
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return 0
+    return run_cases(CASES, selected, runners, result, t0, goals, render, args.json, log)
 
 
 if __name__ == "__main__":

@@ -1378,7 +1378,14 @@ def main(argv: list[str] | None = None) -> int:
         "density": lambda: case_density(sandboxes, log),
         "phases": lambda: case_phases(max(3, runs // 2), log),
     }
-    for number, name in enumerate(CASES, 1):
+    return run_cases(CASES, selected, runners, result, t0, goals, render, args.json, log)
+
+
+def run_cases(cases, selected, runners, result: dict, t0: float, goals, render,
+              json_path: str | None, log) -> int:
+    """Run the selected cases in order, each with the host's other load measured, then
+    print the summary and write the JSON (shared by bench_sandbox and bench_episode)."""
+    for number, name in enumerate(cases, 1):
         if name in selected:
             log(f"case {number}: {name}")
             load = HostLoad()
@@ -1388,9 +1395,9 @@ def main(argv: list[str] | None = None) -> int:
     result["goals"] = [asdict(g) for g in goals(result["cases"])]
     text = render(result)
     print(text, end="")
-    if args.json:
+    if json_path:
         result["summary_text"] = text
-        with open(args.json, "w") as f:
+        with open(json_path, "w") as f:
             json.dump(result, f, indent=1)
     return 0
 

@@ -14,9 +14,8 @@ class Addition(Environment):
         return 1000 + seed * 7, 2000 + seed * 13
 
     def prompt(self, seed):
-        a, b = self.numbers(seed)
-        return (f"The file /workspace/numbers.txt holds two integers. Write their sum as a "
-                f"decimal integer to /workspace/answer.txt.")
+        return ("The file /workspace/numbers.txt holds two integers. Write their sum as a "
+                "decimal integer to /workspace/answer.txt.")
 
     def workspace_files(self, seed):
         a, b = self.numbers(seed)
