@@ -876,6 +876,14 @@ int main(void)
         setup_fail("sethostname");
     if (cfg.loopback)
         bring_up_loopback();
+    if (cfg.filter_len) {
+        /* A kernel without seccomp (or without the actions the policy returns) must
+         * refuse the sandbox now, not fail every exec later. */
+        uint32_t actions[] = {SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_ERRNO, SECCOMP_RET_ALLOW};
+        for (size_t i = 0; i < sizeof(actions) / sizeof(actions[0]); i++)
+            if (syscall(SYS_seccomp, SECCOMP_GET_ACTION_AVAIL, 0, &actions[i]) < 0)
+                setup_fail("seccomp filter support (action 0x%x)", actions[i]);
+    }
     if (setsid() < 0)
         setup_fail("setsid");
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* setresuid above reset it */

@@ -105,6 +105,9 @@ def _setup_error(reply: p.Reply) -> SandboxError:
     if err == errno.EACCES and what.startswith("bind source"):
         hint = (" (the sandbox is built by an unprivileged host uid, so a bind source must be "
                 "readable, and its parents searchable, by others: chmod o+rx, or bind a copy)")
+    elif err in (errno.ENOSYS, errno.EINVAL) and ("mount_setattr" in what or "seccomp" in what):
+        hint = (" (this kernel is too old or built without it: Karotte needs Linux 5.12+ "
+                "with seccomp filters; run `karotte-sandbox check`)")
     elif err == errno.EPERM and ("mount" in what or "proc" in what):
         hint = (" (the kernel refused a mount inside the user namespace: a container or "
                 "LSM policy may forbid it; run `karotte-sandbox check`)")
