@@ -581,7 +581,31 @@ def _spawn_error(exc: OSError) -> Exception:
     return SandboxError(f"clone3 of the sandbox failed: {exc.strerror}")
 
 
-class Sandbox:
+class _Facts:
+    """What both faces tell about their sandbox."""
+
+    _core: _Core
+
+    @property
+    def spec(self) -> SandboxSpec:
+        return self._core.spec
+
+    @property
+    def workspace_fd(self) -> int:
+        """A directory fd of /workspace, valid until the sandbox is destroyed."""
+        return self._core.workspace_fd
+
+    @property
+    def cgroup(self) -> cgroups.Cgroup | None:
+        return self._core.cgroup
+
+    @property
+    def init_pid(self) -> int:
+        """Host pid of the sandbox's init."""
+        return self._core.pid
+
+
+class Sandbox(_Facts):
     """A live sandbox. Use as a context manager; exit always cleans up.
 
         with Sandbox(SandboxSpec(memory=512 * MiB)) as sb:
@@ -604,24 +628,6 @@ class Sandbox:
             self._core.destroy()
             raise
         self._core.finish_start(reply, fds)
-
-    @property
-    def spec(self) -> SandboxSpec:
-        return self._core.spec
-
-    @property
-    def workspace_fd(self) -> int:
-        """A directory fd of /workspace, valid until the sandbox is destroyed."""
-        return self._core.workspace_fd
-
-    @property
-    def cgroup(self) -> cgroups.Cgroup:
-        return self._core.cgroup
-
-    @property
-    def init_pid(self) -> int:
-        """Host pid of the sandbox's init."""
-        return self._core.pid
 
     def exec(self, argv: Sequence[str] | str, *, stdin: bytes | str = b"",
              timeout: float | None = None, env: Mapping[str, str] | None = None,
@@ -725,7 +731,7 @@ def _drive_sync(op: _ExecOp, until: Callable[[], bool] = lambda: False) -> None:
         op.on_time(time.monotonic())
 
 
-class AsyncSandbox:
+class AsyncSandbox(_Facts):
     """The asyncio face of Sandbox: ``async with AsyncSandbox(spec) as sb: await sb.exec(...)``.
 
     Many sandboxes can be driven from one event loop; one exec at a time per sandbox.
@@ -761,18 +767,6 @@ class AsyncSandbox:
         core.finish_start(reply, fds)
         self._started = True
         return self
-
-    @property
-    def spec(self) -> SandboxSpec:
-        return self._core.spec
-
-    @property
-    def workspace_fd(self) -> int:
-        return self._core.workspace_fd
-
-    @property
-    def cgroup(self) -> cgroups.Cgroup:
-        return self._core.cgroup
 
     async def exec(self, argv: Sequence[str] | str, *, stdin: bytes | str = b"",
                    timeout: float | None = None, env: Mapping[str, str] | None = None,

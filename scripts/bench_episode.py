@@ -54,7 +54,8 @@ for _path in (REPO, SCRIPTS):  # karotte from the checkout; bench_envs as a top-
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from bench_sandbox import Goal, PhaseTimer, Series, Stats, machine, run_cases  # noqa: E402
+from bench_sandbox import (Goal, PhaseTimer, Series, Stats, machine,  # noqa: E402
+                           render_cases_and_goals, run_cases)
 
 try:
     import bench_envs  # noqa: E402
@@ -866,15 +867,7 @@ def render(result: dict) -> str:
              f"- command: `{result['command']}`", ""]
     renderers = {"latency": _render_latency, "breakdown": _render_breakdown,
                  "throughput": _render_throughput, "scan": _render_scan}
-    for name in CASES:
-        if name in result["cases"]:
-            lines += renderers[name](result["cases"][name])
-    lines += ["## Goals", "", "| goal | target | measured | met |", "|---|---|---|---|"]
-    for g in result["goals"]:
-        met = "n/a" if g["met"] is None else ("met" if g["met"] else "NOT MET")
-        lines.append(f"| {g['name']} | {g['target']} | {g['value']} | {met} |")
-    lines.append(f"\n(total {result['seconds']:.0f} s)")
-    return "\n".join(lines) + "\n"
+    return render_cases_and_goals(lines, result, CASES, renderers)
 
 
 # --------------------------------------------------------------------------- main

@@ -1317,15 +1317,7 @@ def render(result: dict) -> str:
     renderers = {"lifecycle": _render_lifecycle, "exec": _render_exec,
                  "big_parent": _render_big_parent, "density": _render_density,
                  "phases": _render_phases}
-    for name in CASES:
-        if name in result["cases"]:
-            lines += renderers[name](result["cases"][name])
-    lines += ["## Goals", "", "| goal | target | measured | met |", "|---|---|---|---|"]
-    for g in result["goals"]:
-        met = "n/a" if g["met"] is None else ("met" if g["met"] else "NOT MET")
-        lines.append(f"| {g['name']} | {g['target']} | {g['value']} | {met} |")
-    lines.append(f"\n(total {result['seconds']:.0f} s)")
-    return "\n".join(lines) + "\n"
+    return render_cases_and_goals(lines, result, CASES, renderers)
 
 
 # --------------------------------------------------------------------------- main
@@ -1379,6 +1371,20 @@ def main(argv: list[str] | None = None) -> int:
         "phases": lambda: case_phases(max(3, runs // 2), log),
     }
     return run_cases(CASES, selected, runners, result, t0, goals, render, args.json, log)
+
+
+def render_cases_and_goals(lines: list[str], result: dict, cases, renderers) -> str:
+    """The header lines, then each case's section, then the goals table (shared by
+    bench_sandbox and bench_episode)."""
+    for name in cases:
+        if name in result["cases"]:
+            lines += renderers[name](result["cases"][name])
+    lines += ["## Goals", "", "| goal | target | measured | met |", "|---|---|---|---|"]
+    for g in result["goals"]:
+        met = "n/a" if g["met"] is None else ("met" if g["met"] else "NOT MET")
+        lines.append(f"| {g['name']} | {g['target']} | {g['value']} | {met} |")
+    lines.append(f"\n(total {result['seconds']:.0f} s)")
+    return "\n".join(lines) + "\n"
 
 
 def run_cases(cases, selected, runners, result: dict, t0: float, goals, render,
