@@ -19,6 +19,7 @@ import io
 import tarfile
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
@@ -296,7 +297,16 @@ class Episode:
         self.close()
 
 
-_limits: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = \
+@dataclass
+class _Slots:
+    """Per event loop: who may hold a sandbox, and the threads that finish episodes (as
+    many as may hold one, so grading is not capped by asyncio's default executor)."""
+
+    semaphore: asyncio.Semaphore
+    executor: ThreadPoolExecutor
+
+
+_slots: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Slots]" = \
     weakref.WeakKeyDictionary()
 _concurrency = DEFAULT_CONCURRENCY
 
@@ -307,14 +317,17 @@ def set_concurrency(n: int) -> None:
     if n < 1:
         raise ValueError("concurrency must be at least 1")
     _concurrency = n
-    _limits.clear()
+    for slots in _slots.values():
+        slots.executor.shutdown(wait=False)
+    _slots.clear()
 
 
-def _limiter() -> asyncio.Semaphore:
+def _loop_slots() -> _Slots:
     loop = asyncio.get_running_loop()
-    if loop not in _limits:
-        _limits[loop] = asyncio.Semaphore(_concurrency)
-    return _limits[loop]
+    if loop not in _slots:
+        _slots[loop] = _Slots(asyncio.Semaphore(_concurrency), ThreadPoolExecutor(
+            _concurrency, thread_name_prefix="karotte-finish"))
+    return _slots[loop]
 
 
 class AsyncEpisode:
@@ -333,7 +346,7 @@ class AsyncEpisode:
 
     async def reset(self) -> str:
         flow = self._flow
-        slot = _limiter()
+        slot = _loop_slots().semaphore
         await slot.acquire()
         self._slot = slot
         t = time.monotonic()
@@ -382,7 +395,8 @@ class AsyncEpisode:
             return self._flow.finished
         sb = self._live()
         outcome = await asyncio.get_running_loop().run_in_executor(
-            None, self._flow.finish, sb.kill_all_blocking, sb.workspace_fd, sb.close_blocking)
+            _loop_slots().executor, self._flow.finish, sb.kill_all_blocking, sb.workspace_fd,
+            sb.close_blocking)
         await self.close()
         return outcome
 

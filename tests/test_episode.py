@@ -7,7 +7,8 @@ import time
 import pytest
 
 from envs.basic import Addition, Doubler
-from envs.broken import (CrashingGrader, GraderCannotStart, LargeMessages, TightScanLimits,
+from envs.broken import (CrashingGrader, GraderCannotStart, LargeMessages, SlowGrader,
+                         TightScanLimits,
                          TinyOutput)
 from karotte.episode import AsyncEpisode, Episode, set_concurrency
 from karotte.errors import SandboxClosed
@@ -169,3 +170,30 @@ def test_an_author_can_tighten_the_scan_limits(no_leaks):
     assert [(v.path, v.kind) for v in outcome.violations] == [("answer.txt", "file-too-large")]
     env = TightScanLimits()
     assert play(env, 0, env.reference_solution(0)).reward == 1.0
+
+
+def test_async_finishes_grade_as_many_at_once_as_the_concurrency_allows(no_leaks):
+    # asyncio's default executor has min(32, cpus + 4) threads; grading must not be
+    # capped by it when the trainer allows more episodes at once.
+    env = SlowGrader()
+    n = 12  # twice the default executor's 6 threads on a 2-core machine
+
+    async def one(seed: int) -> float:
+        async with AsyncEpisode(env, seed=seed) as ep:
+            await ep.reset()
+            for command in env.reference_solution(seed):
+                await ep.exec(command)
+            return (await ep.finish()).reward
+
+    async def main():
+        set_concurrency(n)
+        try:
+            t = time.monotonic()
+            rewards = await asyncio.gather(*(one(seed) for seed in range(n)))
+            return rewards, time.monotonic() - t
+        finally:
+            set_concurrency(64)
+
+    rewards, elapsed = asyncio.run(main())
+    assert rewards == [1.0] * n
+    assert elapsed < 2 * env.seconds - 0.5, f"the {n} graders did not all overlap ({elapsed:.1f} s)"

@@ -42,3 +42,14 @@ class TightScanLimits(Addition):
     """An author who knows answer.txt is a short number caps files at 32 bytes."""
 
     scan_limits = ScanLimits(max_file_size=32)
+
+
+class SlowGrader(Addition):
+    """Its grader takes two seconds, whatever the answer."""
+
+    seconds = 2.0
+
+    def grade(self, ctx):
+        import time
+        time.sleep(self.seconds)
+        return super().grade(ctx)
