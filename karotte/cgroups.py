@@ -285,6 +285,12 @@ def _starttime(pid: int) -> int:
     return int(stat[stat.rindex(")") + 2:].split()[19])  # field 22, counted from 1
 
 
+@functools.lru_cache(maxsize=4)
+def _own_starttime(pid: int) -> int:
+    """This process's start time (keyed by pid: a forked child gets its own)."""
+    return _starttime(pid)
+
+
 def leaf_name(tag: str = "") -> str:
     """A fresh leaf name that names its creator: karotte-<pid>.<starttime>-<seq>[-tag]."""
     if tag and not _TAG.fullmatch(tag):
@@ -292,7 +298,7 @@ def leaf_name(tag: str = "") -> str:
     with _seq_lock:
         seq = next(_seq)
     pid = os.getpid()
-    name = f"{PREFIX}{pid}.{_starttime(pid)}-{seq}"
+    name = f"{PREFIX}{pid}.{_own_starttime(pid)}-{seq}"
     return f"{name}-{tag}" if tag else name
 
 
@@ -423,6 +429,9 @@ class Cgroup:
         fork bomb cannot outrun the listing; SIGKILL ends tasks that ignore SIGTERM or are
         stopped; the kill goes by cgroup, so setsid and double-fork daemons are found."""
         deadline = time.monotonic() + timeout
+        # A task is in paths[0] if it is in any: add() writes it first, children inherit.
+        if not _procs(self.paths[0]):
+            return
         while True:
             if not self._members():
                 return
@@ -785,7 +794,8 @@ class V1Backend(Backend):
             if os.path.exists(memsw):  # after the memory limit: memsw may not be below it
                 _write(memsw, str(limits.memory))
             _write(os.path.join(dirs["pids"], "pids.max"), str(limits.pids))
-            _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(PERIOD_US))
+            # cpu.cfs_period_us of a new cgroup is the kernel's default, PERIOD_US: only the
+            # quota needs writing.
             _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(limits.quota_us),
                    "the kernel rejected the quota: on v1 a child may not get more CPU than "
                    "its parent cgroup's cpu.cfs_quota_us allows")

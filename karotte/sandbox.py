@@ -76,6 +76,7 @@ def _seccomp_filter() -> bytes:
     return compile_policy()
 
 
+@lru_cache(maxsize=64)
 def _config_message(spec: SandboxSpec, ident: _Identity) -> bytes:
     msg = p.Message(p.CONFIG)
     msg.record(p.T_IDS, AGENT_UID.to_bytes(4, "little") + AGENT_UID.to_bytes(4, "little")
