@@ -243,6 +243,14 @@ static void write_file(const char *path, const char *data, size_t len, mode_t mo
     close(fd);
 }
 
+static void set_sysctl(const char *path, const char *value)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, value, strlen(value)) != (ssize_t)strlen(value))
+        setup_fail("set %s to %s", path, value);
+    close(fd);
+}
+
 /* mkdir -p below NEWROOT; dst is absolute inside the sandbox. */
 static void make_dirs(const char *dst, mode_t mode)
 {
@@ -348,7 +356,10 @@ static void do_mount(const struct kp_mount *m, const char *src, const char *dst,
         char ptmx[4200];
         make_dirs(dst, 0755);
         if (mount("devpts", target, "devpts", MS_NOSUID | MS_NOEXEC,
-                  "newinstance,ptmxmode=0666,mode=0620") < 0)
+                  /* max: this instance's own cap; without it every sandbox draws on
+                   * one host-wide pool (kernel.pty.max less the reserve) and one agent
+                   * could take every pty of every other sandbox and container. */
+                  "newinstance,ptmxmode=0666,mode=0620,max=64") < 0)
             setup_fail("mount devpts at %s", dst);
         snprintf(ptmx, sizeof(ptmx), "%s/dev/ptmx", NEWROOT);
         unlink(ptmx);
@@ -872,6 +883,11 @@ int main(void)
     if (!cfg.nested && setgroups(0, NULL) < 0)
         setup_fail("drop supplementary groups");
     enter_root();
+    /* inotify instances and watches are counted per user and, on the host, against the
+     * user namespace's creator: cap what this sandbox can take from that shared pool.
+     * These files are the limits of our own user namespace (we are its root). */
+    set_sysctl("/proc/sys/user/max_inotify_instances", "32");
+    set_sysctl("/proc/sys/user/max_inotify_watches", "16384");
     if (cfg.hostname && sethostname(cfg.hostname, strlen(cfg.hostname)) < 0)
         setup_fail("sethostname");
     if (cfg.loopback)

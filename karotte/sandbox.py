@@ -29,7 +29,7 @@ from . import protocol as p
 from .results import ExecResult
 from .errors import CgroupError, HostUnsupported, SandboxClosed, SandboxError
 from .seccomp import compile_policy
-from .spec import SandboxSpec
+from .spec import KiB, SandboxSpec
 
 AGENT_UID = 1000  # the agent's uid and gid inside the sandbox
 # Root callers map the sandbox's 65536 ids onto this host range, so neither init nor
@@ -86,6 +86,11 @@ def _config_message(spec: SandboxSpec, ident: _Identity) -> bytes:
     msg.rlimit(resource.RLIMIT_NOFILE, spec.nofile, spec.nofile)
     msg.rlimit(resource.RLIMIT_FSIZE, spec.disk, spec.disk)
     msg.rlimit(resource.RLIMIT_CORE, 0, 0)
+    # Counted per user, and on the host against the user namespace's creator: cap what
+    # one sandbox can take from the pools the host's root shares (POSIX message queue
+    # bytes, queued signals).
+    msg.rlimit(resource.RLIMIT_MSGQUEUE, 64 * KiB, 64 * KiB)
+    msg.rlimit(resource.RLIMIT_SIGPENDING, 1024, 1024)
     msg.record(p.T_LOOPBACK)
     mounts.add_mount_plan(msg, spec, ident.owner_uid, ident.owner_gid)
     return msg.to_bytes()

@@ -43,6 +43,11 @@ _TABLE: dict[str, tuple[int | None, int | None]] = {
     "clone":                    (56,    220),
     "ptrace":                   (101,   117),
     "syslog":                   (103,   116),
+    "io_setup":                 (206,   0),
+    "io_destroy":               (207,   1),
+    "io_getevents":             (208,   4),
+    "io_submit":                (209,   2),
+    "io_cancel":                (210,   3),
     "uselib":                   (134,   None),  # a.out-era library loader, x86 only
     "personality":              (135,   92),
     "vhangup":                  (153,   58),
@@ -71,6 +76,7 @@ _TABLE: dict[str, tuple[int | None, int | None]] = {
     "keyctl":                   (250,   219),
     "unshare":                  (272,   97),
     "perf_event_open":          (298,   241),
+    "io_pgetevents":            (333,   292),
     "prlimit64":                (302,   261),
     "fanotify_init":            (300,   262),
     "name_to_handle_at":        (303,   264),
@@ -304,6 +310,11 @@ DEFAULT_POLICY = Policy(rules=(
          reason="ESC-IOURING-01: io_uring runs opens, connects and reads inside the kernel "
                 "where seccomp never sees them, and has been a leading source of kernel "
                 "exploits"),
+    Rule(("io_setup", "io_destroy", "io_submit", "io_getevents", "io_pgetevents", "io_cancel"),
+         errno=ENOSYS,
+         reason="kernel AIO contexts come from one host-wide pool (fs.aio-max-nr): one agent "
+                "could take them all from the host and every other sandbox; ENOSYS, and "
+                "glibc's POSIX AIO, which uses threads, still works"),
     Rule("userfaultfd",
          reason="ESC-UFFD-01: userfaultfd stalls a kernel copy at a chosen page, the usual "
                 "way to win a kernel race"),

@@ -391,3 +391,40 @@ def test_sigkill_of_the_host_process_takes_its_sandboxes_down_and_gc_cleans_up(n
     assert b"removed cgroup" in r.stdout
     assert f"removed directory {info['dir']}".encode() in r.stdout
     assert cgroups.find_stale() == [] and not os.path.exists(info["dir"])
+
+
+# --------------------------------------------------------------------------- host-wide pools
+
+
+def test_kernel_aio_is_unavailable_so_the_host_pool_cannot_be_drained(sandbox):
+    # fs.aio-max-nr is one counter for the whole host: one agent could take it all.
+    res = syscalls(sandbox, [("io_setup", 206, [1, 0]), ("io_submit", 209, [0, 0, 0]),
+                             ("io_getevents", 208, [0, 0, 0, 0, 0])])
+    assert res == {k: "ENOSYS" for k in res}, res
+
+
+def test_ptys_are_capped_per_sandbox_so_one_cannot_take_every_pty_of_the_host(no_leaks):
+    # Without max= on its devpts, every sandbox draws on one host-wide pty pool.
+    grab = py("import os\nfds = []\n"
+              "try:\n    while len(fds) < 500: fds.append(os.open('/dev/ptmx', os.O_RDWR | os.O_NOCTTY))\n"
+              "except OSError as e:\n    print(len(fds), e.strerror)")
+    with Sandbox() as hog, Sandbox() as neighbour:
+        r = hog.exec(grab)
+        got, why = r.stdout.decode().split(" ", 1)
+        assert int(got) <= 64 and "No space" in why
+        assert neighbour.exec(py("import os; os.openpty(); print('ok')")).stdout == b"ok\n"
+
+
+def test_per_user_kernel_counts_are_capped_per_sandbox(sandbox):
+    # inotify instances, message-queue bytes and queued signals are counted per user and,
+    # on the host, against the user namespace's creator: one sandbox takes a small share.
+    r = sandbox.exec(py("""
+import ctypes, resource
+libc = ctypes.CDLL(None, use_errno=True)
+n = 0
+while libc.inotify_init1(0) >= 0 and n < 1000:
+    n += 1
+print(n, resource.getrlimit(resource.RLIMIT_MSGQUEUE)[1], resource.getrlimit(resource.RLIMIT_SIGPENDING)[1])
+"""))
+    instances, msgqueue, sigpending = map(int, r.stdout.split())
+    assert instances <= 32 and msgqueue <= 64 * 1024 and sigpending <= 1024

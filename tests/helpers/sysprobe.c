@@ -164,6 +164,13 @@ static long p_perf_event_open(void) { return syscall(SYS_perf_event_open, NULL, 
 static long p_bpf(void) { return syscall(SYS_bpf, 0x7fff, NULL, 0); }
 /* Invalid flags (UFFD_USER_MODE_ONLY among them, so no privilege is needed to get EINVAL). */
 static long p_userfaultfd(void) { return syscall(SYS_userfaultfd, 0x7fffffff); }
+/* Kernel AIO with an invalid context or count: EINVAL unless a filter answers first. */
+static long p_io_setup(void) { return syscall(SYS_io_setup, 0, NULL); }
+static long p_io_destroy(void) { return syscall(SYS_io_destroy, 0UL); }
+static long p_io_submit(void) { return syscall(SYS_io_submit, 0UL, 0L, NULL); }
+static long p_io_getevents(void) { return syscall(SYS_io_getevents, 0UL, 0L, 0L, NULL, NULL); }
+static long p_io_pgetevents(void) { return syscall(SYS_io_pgetevents, 0UL, 0L, 0L, NULL, NULL, NULL); }
+static long p_io_cancel(void) { return syscall(SYS_io_cancel, 0UL, NULL, NULL); }
 static long p_keyctl(void) { return syscall(SYS_keyctl, 0x7fff, 0UL, 0UL, 0UL, 0UL); }
 static long p_add_key(void) { return syscall(SYS_add_key, NULL, NULL, NULL, 0UL, 0); }
 static long p_request_key(void) { return syscall(SYS_request_key, NULL, NULL, NULL, 0); }
@@ -341,6 +348,7 @@ static const struct probe probes[] = {
     P(ptrace), P(process_vm_readv), P(process_vm_writev), P(pidfd_getfd), P(kcmp),
     P(perf_event_open), P(bpf), P(userfaultfd), P(keyctl), P(add_key), P(request_key),
     P(io_uring_setup), P(io_uring_enter), P(io_uring_register),
+    P(io_setup), P(io_destroy), P(io_submit), P(io_getevents), P(io_pgetevents), P(io_cancel),
     P(mount), P(umount2), P(pivot_root), P(chroot), P(fsopen), P(fsconfig), P(fsmount),
     P(fspick), P(move_mount), P(open_tree), P(mount_setattr), P(open_tree_attr),
     P(open_by_handle_at), P(name_to_handle_at),
