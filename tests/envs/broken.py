@@ -45,9 +45,9 @@ class TightScanLimits(Addition):
 
 
 class SlowGrader(Addition):
-    """Its grader takes two seconds, whatever the answer."""
+    """Its grader takes three seconds, whatever the answer."""
 
-    seconds = 2.0
+    seconds = 3.0
 
     def grade(self, ctx):
         import time
