@@ -5,6 +5,8 @@ import os
 from pathlib import Path
 
 from .errors import SandboxError
+from .seccomp import (CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID,
+                      CLONE_NEWUSER, CLONE_NEWUTS)
 
 try:
     from ._native import ffi, lib
@@ -16,13 +18,6 @@ except ImportError as exc:  # pragma: no cover - only without a build
 INIT_PATH = Path(__file__).resolve().parent / "_bin" / "karotte-init"
 CHILD_FD = lib.KAROTTE_CHILD_FD
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWCGROUP = 0x02000000
-CLONE_NEWUTS = 0x04000000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
 ALL_NAMESPACES = (CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC
                   | CLONE_NEWUTS | CLONE_NEWCGROUP)
 
