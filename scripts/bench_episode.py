@@ -55,7 +55,7 @@ for _path in (REPO, SCRIPTS):  # karotte from the checkout; bench_envs as a top-
         sys.path.insert(0, _path)
 
 from bench_sandbox import (Goal, PhaseTimer, Series, Stats, machine,  # noqa: E402
-                           render_cases_and_goals, run_cases)
+                           load_line, render_cases_and_goals, run_cases)
 
 try:
     import bench_envs  # noqa: E402
@@ -742,16 +742,6 @@ def goals(cases: dict) -> list[Goal]:
     return out
 
 
-def _load_line(case: dict) -> str:
-    h = case.get("host_load")
-    if not h:
-        return ""
-    return (f"- host during this case: {h['wall_seconds']:.0f} s; CPU not used by the "
-            f"benchmark's processes: {100 * (h['other_cpu_share'] or 0):.0f}% of "
-            f"{os.cpu_count()} cores; load average {h['loadavg_1min_before']:.2f} -> "
-            f"{h['loadavg_1min_after']:.2f}")
-
-
 def _render_latency(lat: dict) -> list[str]:
     st = _stats(lat["series"])
     vs = lat["variants"]
@@ -767,7 +757,7 @@ def _render_latency(lat: dict) -> list[str]:
         name = f"**{p}**" if bold else p
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += [""] + [f"- {p}: {PHASE_WHAT[p]}" for p in lat["phases"]]
-    return lines + [_load_line(lat), ""]
+    return lines + [load_line(lat), ""]
 
 
 def _render_breakdown(bd: dict) -> list[str]:
@@ -796,7 +786,7 @@ def _render_breakdown(bd: dict) -> list[str]:
         st = s["stats"]
         lines.append(f"| {s['name']} | {_ms(st['median_ms'])} | {_ms(st['p10_ms'])} | "
                      f"{_ms(st['p90_ms'])} | {st['n']} | {_ms(s['cpu_median_ms'])} |")
-    return lines + ["", _load_line(bd), ""]
+    return lines + ["", load_line(bd), ""]
 
 
 def _render_throughput(tp: dict) -> list[str]:
@@ -829,7 +819,7 @@ def _render_throughput(tp: dict) -> list[str]:
               "and grading) runs in asyncio's default executor, so no more gradings run at "
               "once than it has workers, whatever the concurrency",
               "- CPU-bound ceiling: cores / host CPU per episode",
-              _load_line(tp), ""]
+              load_line(tp), ""]
     return lines
 
 
@@ -850,7 +840,7 @@ def _render_scan(sc: dict) -> list[str]:
         lines.append(f"- {layout}: {f['files']:,} files ({f['bytes']:,} bytes) and "
                      f"{f['dirs']:,} directories accepted, complete: {f['complete']}, "
                      f"violations: {len(f['violations'])}")
-    return lines + [_load_line(sc), ""]
+    return lines + [load_line(sc), ""]
 
 
 def render(result: dict) -> str:

@@ -1159,7 +1159,8 @@ def _series_rows(series: list[dict], baseline: float | None = None) -> list[str]
     return rows
 
 
-def _load_line(case: dict) -> str:
+def load_line(case: dict) -> str:
+    """The host's other load during a case, as a line of the summary."""
     h = case.get("host_load")
     if not h:
         return ""
@@ -1224,12 +1225,12 @@ def _render_lifecycle(lc: dict) -> list[str]:
     km = k["stats"]["median_ms"] if k and k["status"] == "ok" else None
     return [f"## 1. create + exec /bin/true + destroy ({lc['runs']} runs each, round-robin; "
             f"ratio = median / Karotte's)", "", *HEADER, *_series_rows(lc["series"], km), "",
-            *(f"- {s['name']}: {s['what']}" for s in lc["series"]), _load_line(lc), ""]
+            *(f"- {s['name']}: {s['what']}" for s in lc["series"]), load_line(lc), ""]
 
 
 def _render_exec(ex: dict) -> list[str]:
     return ["## 2. exec /bin/true in a live sandbox", "", *HEADER,
-            *_series_rows(ex["series"]), "", _load_line(ex), ""]
+            *_series_rows(ex["series"]), "", load_line(ex), ""]
 
 
 def _render_big_parent(bp: dict) -> list[str]:
@@ -1243,7 +1244,7 @@ def _render_big_parent(bp: dict) -> list[str]:
     ser = bp["series"]
     for i in range(0, len(ser), 2):  # (small, big) pairs
         lines += _series_rows(ser[i:i + 2], ser[i]["stats"]["median_ms"])
-    return lines + ["", _load_line(bp), ""]
+    return lines + ["", load_line(bp), ""]
 
 
 def _render_density(dn: dict) -> list[str]:
@@ -1274,7 +1275,7 @@ def _render_density(dn: dict) -> list[str]:
             "- host limits, tightest first: " + "; ".join(
                 f"{name} = {v['limit']} allows ~{v['allows']} ({v['why']})"
                 for name, v in limits),
-            _load_line(dn), ""]
+            load_line(dn), ""]
 
 
 def _render_phases(ph: dict) -> list[str]:
@@ -1297,7 +1298,7 @@ def _render_phases(ph: dict) -> list[str]:
                      f"{_fmt_ms(st['p90_ms'])} | {_fmt_ms(idle and idle['median_ms'])} |")
     if ph["missing_names"]:
         lines += ["", f"not timed (names gone from Karotte): {', '.join(ph['missing_names'])}"]
-    return lines + ["", _load_line(ph), ""]
+    return lines + ["", load_line(ph), ""]
 
 
 def render(result: dict) -> str:
