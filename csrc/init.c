@@ -313,11 +313,8 @@ static void do_mount(const struct kp_mount *m, const char *src, const char *dst,
             errno = ENAMETOOLONG;
             setup_fail("bind source %s", src);
         }
-        if (stat(source, &st) < 0) {
-            if ((m->flags & KMF_OPTIONAL) && errno == ENOENT)
-                return;
+        if (stat(source, &st) < 0)
             setup_fail("bind source %s", src);
-        }
         if (S_ISDIR(st.st_mode)) {
             make_dirs(dst, 0755);
         } else {

@@ -77,7 +77,6 @@ enum {
 
 #define KMF_RDONLY 0x1 /* read-only */
 #define KMF_DEV 0x2    /* keep device access: only for single device-node binds */
-#define KMF_OPTIONAL 0x8 /* skip silently if the source does not exist */
 
 struct kp_mount {
     uint32_t op;

@@ -24,7 +24,7 @@ T_ERRNO, T_WHAT, T_WAIT_STATUS, T_RUSAGE = 40, 41, 43, 44
 
 # mount plan operations and flags
 M_BIND, M_TMPFS, M_PROC, M_DEVPTS, M_SYMLINK, M_DIR, M_FILE = 1, 2, 3, 4, 5, 6, 7
-MF_RDONLY, MF_DEV, MF_OPTIONAL = 0x1, 0x2, 0x8
+MF_RDONLY, MF_DEV = 0x1, 0x2
 
 _HEADER = struct.Struct("<II")
 _RECORD = struct.Struct("<II")
