@@ -88,6 +88,8 @@ _FIXES = {
     errno.EINVAL: "the kernel rejected the value; check it against the parent cgroup's limits",
     errno.EBUSY: "the cgroup is busy; its current usage or tasks prevent this change",
     errno.ENOSPC: "the parent cgroup's limits leave no room; raise them or use another parent",
+    errno.EMFILE: "this process is out of file descriptors; raise RLIMIT_NOFILE (ulimit -n)",
+    errno.ENFILE: "the host is out of file descriptors (fs.file-max)",
 }
 
 

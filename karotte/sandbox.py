@@ -399,6 +399,8 @@ class _Core:
                 cgroups.CgroupLimits(memory=spec.memory, pids=spec.pids, cpus=spec.cpus),
                 parent=self.cgroup_parent)
         except (HostUnsupported, CgroupError) as exc:
+            if _out_of_fds(exc):
+                raise _fd_exhaustion() from exc  # not the host's fault: no degrading for it
             if "cgroups" in spec.allow_degraded:
                 return None  # the caller accepted: no memory, pids or CPU limit
             detail = exc.detail if isinstance(exc, HostUnsupported) else str(exc)
@@ -566,10 +568,14 @@ class _Core:
 
 def _fd_exhaustion() -> SandboxError:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        in_use = f"{len(os.listdir('/proc/self/fd')) - 1} open"
+    except OSError:  # listing needs an fd of its own, and there may be none left
+        in_use = "all in use"
     return SandboxError(
-        f"this process is out of file descriptors ({len(os.listdir('/proc/self/fd'))} open, "
-        f"RLIMIT_NOFILE {soft}); a live sandbox holds 3 and each exec 3 more for a moment: "
-        "raise the limit (ulimit -n, or resource.setrlimit) or close sandboxes")
+        f"this process is out of file descriptors ({in_use}, RLIMIT_NOFILE {soft}); a live "
+        "sandbox holds 3 and each exec 3 more for a moment: raise the limit (ulimit -n, or "
+        "resource.setrlimit) or close sandboxes")
 
 
 def _out_of_fds(exc: BaseException | None) -> bool:

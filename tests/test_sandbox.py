@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import errno
 import os
 import resource
 import signal
@@ -368,13 +369,27 @@ def test_sandboxes_work_when_the_caller_holds_fds_above_1024(no_leaks):
             os.close(fd)
 
 
-def test_running_out_of_fds_is_named_as_the_cause(no_leaks):
+@pytest.mark.parametrize("spare", range(4))  # with 4 a sandbox starts
+def test_running_out_of_fds_is_named_as_the_cause(no_leaks, spare):
+    # Each count of spare fds runs out at a different step of the start (cgroup files,
+    # socketpair, pidfd, the workspace fd); every step must name the cause and leave nothing.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    # none to spare: the listing counts its own fd
-    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) - 1, hard))
+    top = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (top + 1, hard))
+    filler = []
     try:
+        while True:  # fill every free number below the limit, then give back `spare`
+            try:
+                filler.append(os.open("/dev/null", os.O_RDONLY))
+            except OSError as exc:
+                assert exc.errno == errno.EMFILE
+                break
+        for _ in range(spare):
+            os.close(filler.pop())
         with pytest.raises(SandboxError, match="out of file descriptors"):
             with Sandbox():
                 pass
     finally:
+        for fd in filler:
+            os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
