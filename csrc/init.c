@@ -41,6 +41,10 @@
 
 #include "protocol.h"
 
+#ifndef CLOSE_RANGE_CLOEXEC /* glibc's unistd.h has it, musl's does not */
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
 #define CTL_FD 3
 #define STAGING "/tmp"     /* where the staging tmpfs is mounted first; see apply_config */
 #define NEWROOT "/newroot" /* the sandbox's root while it is built, inside the staging root */
@@ -610,6 +614,8 @@ static void __attribute__((noreturn)) agent_child(char **argv, char **envp, cons
     environ = envp;
     step = "execvp";
     execvp(argv[0], argv);
+    if (errno == ENOEXEC)
+        step = "execvp (not a binary this kernel runs; a script needs a #! line)";
 fail : {
     int err = errno;
     char rec[256];
