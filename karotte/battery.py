@@ -289,7 +289,7 @@ def check(env: Environment, *, seed: int = 1,
             problems.append(f"scored {outcome.reward:g}, more than the null agent's {ceiling:g}")
         if secs > BOUND_SECONDS:
             problems.append(f"took {secs:.0f} s")
-        left = cgroups.find_created_by()
+        left = sorted(set(cgroups.find_created_by()) - cgroups.pooled_paths())
         if left:
             problems.append(f"left cgroups behind: {left[:3]}")
         alive = _survivors()

@@ -13,6 +13,8 @@ Ordering the caller must respect:
     stay charged to its old cgroup;
   * ``kill_all()`` before reading the workspace: it returns only when the cgroup is empty;
   * ``destroy()`` last; it kills, removes every directory, and closes the fds it owns;
+  * or ``acquire()`` and ``release()`` instead of ``create()`` and ``destroy()``: released
+    cgroups that are provably empty are kept for the next ``acquire()`` (see ``_Pool``);
   * v2 nesting: a cgroup can be the parent of another sandbox's cgroup only while it holds
     no processes itself (the "no internal processes" rule), so a sandbox that will host a
     nested one keeps its own processes in a leaf below it.
@@ -23,6 +25,7 @@ namespace: ``gc`` must run in the PID namespace of the processes that create san
 """
 from __future__ import annotations
 
+import atexit
 import errno
 import functools
 import itertools
@@ -43,6 +46,8 @@ MIN_QUOTA_US = 1_000  # the kernel refuses quotas under 1 ms
 PREFIX = "karotte-"
 STALE_SEARCH_DEPTH = 8
 ENV_PARENT = "KAROTTE_CGROUP_PARENT"
+ENV_POOL = "KAROTTE_CGROUP_POOL"
+DEFAULT_POOL_SIZE = 16
 
 V2_CONTROLLERS = ("cpu", "memory", "pids")
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
@@ -337,6 +342,9 @@ class Cgroup:
         self.name = name
         self.paths = paths
         self._destroyed = False
+        self._limits: CgroupLimits | None = None  # as last written by set_limits()
+        self._oom_base = 0  # OOM kills of earlier users, when acquire() reused it
+        self._pool_key: tuple | None = None  # set by acquire(): release() may keep it
 
     def __enter__(self) -> "Cgroup":
         return self
@@ -376,8 +384,26 @@ class Cgroup:
         raise NotImplementedError
 
     def oom_kills(self) -> int:
-        """Tasks the OOM killer ended in this cgroup."""
+        """Tasks the OOM killer ended in this cgroup (since acquire() handed it out)."""
+        return self._oom_count() - self._oom_base
+
+    def _oom_count(self) -> int:
         raise NotImplementedError
+
+    def set_limits(self, limits: CgroupLimits) -> None:
+        """Write the memory, pids and CPU limits (the kernel applies them at once)."""
+        raise NotImplementedError
+
+    def _reusable(self) -> bool:
+        """Whether this cgroup is as good as new for another sandbox: no task, no child
+        cgroup, not frozen; resets its counters. Called only once its tasks are gone."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """destroy(), except that a cgroup from acquire() that is provably empty may be
+        kept by this process for the next acquire() (new limits, counters reset)."""
+        if self._pool_key is None or self._destroyed or not _pool.give(self):
+            self.destroy()
 
     def cpu_seconds(self) -> float:
         """CPU time used by all tasks of the cgroup, user and system."""
@@ -425,6 +451,10 @@ class Cgroup:
         return CgroupError(f"cgroup {self.name} still holds {len(left)} task(s) {timeout:g}s "
                            f"after the kill: {_describe_pids(left)}; tasks in state D wait "
                            f"on the kernel (a hung filesystem or device)")
+
+    def _no_child_cgroups(self) -> bool:
+        # kernfs counts a directory's subdirectories in its link count, like ext4
+        return all(os.stat(path).st_nlink == 2 for path in self.paths)
 
     def _kill_loop(self, timeout: float, freeze, thaw, empty_within) -> None:
         """Freeze, SIGKILL every task, thaw, until empty. Frozen tasks cannot fork, so a
@@ -563,11 +593,27 @@ class _V2Cgroup(Cgroup):
                 raise _fail("writing 'reset' to", self._file("memory.peak"), e) from e
         self._peak_known = False
 
-    def oom_kills(self) -> int:
+    def _oom_count(self) -> int:
         return _keyed(_read(self._file("memory.events"))).get("oom_kill", 0)
 
     def cpu_seconds(self) -> float:
         return _keyed(_read(self._file("cpu.stat")))["usage_usec"] / 1e6
+
+    def set_limits(self, limits: CgroupLimits) -> None:
+        _write(self._file("memory.max"), str(limits.memory))
+        _write(self._file("pids.max"), str(limits.pids))
+        _write(self._file("cpu.max"), f"{limits.quota_us} {PERIOD_US}")
+        self._limits = limits
+
+    def _reusable(self) -> bool:
+        # Before Linux 6.12 memory.peak cannot be reset: a new user would see the old peak.
+        if not self.peak_resettable or self.populated() or not self._no_child_cgroups():
+            return False
+        if _read(self._file("cgroup.freeze")).strip() != "0":
+            return False
+        os.write(self._peak_fd, b"reset")
+        self._oom_base = self._oom_count()
+        return True
 
     def _close(self) -> None:
         for fd in (self._dir_fd, self._events_fd, self._peak_fd):
@@ -640,8 +686,38 @@ class _V1Cgroup(Cgroup):
     def reset_memory_peak(self) -> None:
         _write(self._file("memory", "memory.max_usage_in_bytes"), "0")
 
-    def oom_kills(self) -> int:
+    def _oom_count(self) -> int:
         return _keyed(_read(self._file("memory", "memory.oom_control"))).get("oom_kill", 0)
+
+    def set_limits(self, limits: CgroupLimits) -> None:
+        limit = self._file("memory", "memory.limit_in_bytes")
+        memsw = self._file("memory", "memory.memsw.limit_in_bytes")
+        order = [(limit, str(limits.memory))]
+        if self.swap_enforced:
+            # memsw may never be below the memory limit: when the limit grows, memsw first
+            grows = self._limits is not None and limits.memory > self._limits.memory
+            order.insert(0 if grows else 1, (memsw, str(limits.memory)))
+        for path, value in order:
+            _write(path, value)
+        _write(self._file("pids", "pids.max"), str(limits.pids))
+        # cpu.cfs_period_us of a new cgroup is the kernel's default, PERIOD_US: only the
+        # quota needs writing.
+        _write(self._file("cpu", "cpu.cfs_quota_us"), str(limits.quota_us),
+               "the kernel rejected the quota: on v1 a child may not get more CPU than "
+               "its parent cgroup's cpu.cfs_quota_us allows")
+        self._limits = limits
+
+    def _reusable(self) -> bool:
+        if not self._no_child_cgroups():
+            return False
+        for path in self.paths:
+            if _read(os.path.join(path, "cgroup.procs")).strip():
+                return False
+        if self._freezer_state() != "THAWED":
+            return False
+        self.reset_memory_peak()
+        self._oom_base = self._oom_count()
+        return True
 
     def cpu_seconds(self) -> float:
         return int(_read(self._file("cpuacct", "cpuacct.usage"))) / 1e9
@@ -655,6 +731,10 @@ class Backend:
     version: int
 
     def create(self, name: str, limits: CgroupLimits, parent: str | None = None) -> Cgroup:
+        raise NotImplementedError
+
+    def pool_key(self, parent: str | None) -> tuple:
+        """Which released cgroups can serve an acquire() under this parent."""
         raise NotImplementedError
 
 
@@ -728,19 +808,24 @@ class V2Backend(Backend):
         except OSError as e:
             raise _fail("creating", path, e, "pick a fresh name with leaf_name()"
                         if e.errno == errno.EEXIST else None) from e
+        cg = None
         try:
             swap = os.path.exists(os.path.join(path, "memory.swap.max"))
-            _write(os.path.join(path, "memory.max"), str(limits.memory))
             if swap:
                 _write(os.path.join(path, "memory.swap.max"), "0")
             # An OOM kills every task of the group, not one victim the rest can replace.
             _write(os.path.join(path, "memory.oom.group"), "1")
-            _write(os.path.join(path, "pids.max"), str(limits.pids))
-            _write(os.path.join(path, "cpu.max"), f"{limits.quota_us} {PERIOD_US}")
-            return _V2Cgroup(name, path, swap_enforced=swap)
+            cg = _V2Cgroup(name, path, swap_enforced=swap)
+            cg.set_limits(limits)
+            return cg
         except BaseException:
+            if cg is not None:
+                cg._close()
             os.rmdir(path)
             raise
+
+    def pool_key(self, parent: str | None) -> tuple:
+        return (2, self.parent_dir(parent))
 
 
 class V1Backend(Backend):
@@ -790,22 +875,16 @@ class V1Backend(Backend):
                     raise _fail("creating", path, e, "pick a fresh name with leaf_name()"
                                 if e.errno == errno.EEXIST else None) from e
                 made.append(path)
-            mem = dirs["memory"]
-            _write(os.path.join(mem, "memory.limit_in_bytes"), str(limits.memory))
-            memsw = os.path.join(mem, "memory.memsw.limit_in_bytes")
-            if os.path.exists(memsw):  # after the memory limit: memsw may not be below it
-                _write(memsw, str(limits.memory))
-            _write(os.path.join(dirs["pids"], "pids.max"), str(limits.pids))
-            # cpu.cfs_period_us of a new cgroup is the kernel's default, PERIOD_US: only the
-            # quota needs writing.
-            _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(limits.quota_us),
-                   "the kernel rejected the quota: on v1 a child may not get more CPU than "
-                   "its parent cgroup's cpu.cfs_quota_us allows")
-            return _V1Cgroup(name, dirs)
+            cg = _V1Cgroup(name, dirs)
+            cg.set_limits(limits)  # a new cgroup's memsw is unlimited: memory first is right
+            return cg
         except BaseException:
             for path in reversed(made):
                 os.rmdir(path)
             raise
+
+    def pool_key(self, parent: str | None) -> tuple:
+        return (1, tuple(sorted(self.parent_dirs(parent).items())))
 
 
 def backend(version: int) -> Backend:
@@ -845,6 +924,113 @@ def create(name: str, limits: CgroupLimits, parent: "str | Cgroup | None" = None
     freezer).
     """
     return (backend or detect()).create(name, limits, parent)
+
+
+def acquire(limits: CgroupLimits, parent: "str | Cgroup | None" = None, *,
+            backend: Backend | None = None) -> Cgroup:
+    """create() with a leaf_name(), for a cgroup to be given back with release(): that
+    one may come from this process's pool of released, empty cgroups, with the new
+    limits written and its counters reset. Making and removing a memory cgroup costs
+    the kernel far more than rewriting one (per-cgroup shrinker and stat structures
+    built, then torn down by a kworker). Under a Cgroup parent nothing is pooled."""
+    b = backend or detect()
+    if isinstance(parent, Cgroup):
+        return b.create(leaf_name(), limits, parent)
+    key = b.pool_key(parent) if _pool.size else None
+    while key is not None and (cg := _pool.take(key)) is not None:
+        try:
+            cg.set_limits(limits)
+            return cg
+        except CgroupError:
+            try:  # e.g. a lower memory limit than the page cache it still holds
+                cg.destroy()
+            except CgroupError:
+                pass  # a task got in after all: gc removes it when this process is gone
+    cg = b.create(leaf_name(), limits, parent)
+    cg._pool_key = key
+    return cg
+
+
+class _Pool:
+    """Empty cgroups this process released, kept for acquire(); at most `size` of them
+    ($KAROTTE_CGROUP_POOL, default 16; 0 turns pooling off).
+
+    A cgroup is kept only when it holds no task and no child cgroup and is not frozen,
+    and its peak and OOM counters can be reset, so nothing of its last user reaches the
+    next one but reclaimable page cache. The pool is this process's: a forked child
+    starts with an empty one and never touches its parent's; they are removed at exit,
+    and `gc` removes them after a crash like any cgroup of a dead creator."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._free: dict[tuple, list[Cgroup]] = {}
+
+    @property
+    def size(self) -> int:
+        raw = os.environ.get(ENV_POOL, "")
+        try:
+            size = int(raw) if raw else DEFAULT_POOL_SIZE
+        except ValueError:
+            size = -1
+        if size < 0:
+            raise ValueError(f"{ENV_POOL} must be a count of cgroups (0 turns pooling off), "
+                             f"got {raw!r}")
+        return size
+
+    def take(self, key: tuple) -> Cgroup | None:
+        with self._lock:
+            free = self._free.get(key)
+            return free.pop() if free else None
+
+    def give(self, cg: Cgroup) -> bool:
+        size = self.size
+        with self._lock:
+            if sum(map(len, self._free.values())) >= size:
+                return False
+        try:
+            if not cg._reusable():
+                return False
+        except (CgroupError, OSError):
+            return False
+        with self._lock:
+            if sum(map(len, self._free.values())) >= size:
+                return False
+            self._free.setdefault(cg._pool_key, []).append(cg)
+        return True
+
+    def paths(self) -> set[str]:
+        with self._lock:
+            return {p for free in self._free.values() for cg in free for p in cg.paths}
+
+    def drain(self) -> None:
+        """Remove every pooled cgroup (errors are left to gc)."""
+        with self._lock:
+            free, self._free = self._free, {}
+        for cg in (cg for group in free.values() for cg in group):
+            try:
+                cg.destroy()
+            except CgroupError:
+                pass
+
+    def _forget(self) -> None:
+        """In a forked child: the pooled cgroups are the parent's, not ours to use."""
+        self._lock = threading.Lock()
+        self._free = {}
+
+
+_pool = _Pool()
+atexit.register(_pool.drain)
+os.register_at_fork(after_in_child=_pool._forget)
+
+
+def pooled_paths() -> set[str]:
+    """Directories of the empty cgroups this process keeps for acquire()."""
+    return _pool.paths()
+
+
+def drain_pool() -> None:
+    """Remove the cgroups kept for acquire() now, rather than at exit."""
+    _pool.drain()
 
 
 # --------------------------------------------------------------------------- gc

@@ -394,8 +394,7 @@ class _Core:
     def _make_cgroup(self) -> cgroups.Cgroup | None:
         spec = self.spec
         try:
-            return cgroups.create(
-                cgroups.leaf_name(),
+            return cgroups.acquire(
                 cgroups.CgroupLimits(memory=spec.memory, pids=spec.pids, cpus=spec.cpus),
                 parent=self.cgroup_parent)
         except (HostUnsupported, CgroupError) as exc:
@@ -562,7 +561,7 @@ class _Core:
                 os.close(self.workspace_fd)
                 self.workspace_fd = None
             if self.cgroup is not None:
-                self.cgroup.destroy()
+                self.cgroup.release()  # kill_all() confirmed it empty: it may be reused
                 self.cgroup = None
 
 

@@ -320,6 +320,26 @@ class KarotteAfterIdle(KarotteLifecycle):
         return super().run_once()
 
 
+class KarotteNoPool(KarotteLifecycle):
+    """The same run with the cgroup pool turned off: every sandbox makes its cgroup
+    directories and removes them (what the first sandboxes of a process do)."""
+
+    name = "karotte, cgroup pool off"
+    describe = (f"as karotte with {cgroups.ENV_POOL}=0: a new cgroup per sandbox, removed "
+                "when it closes")
+
+    def run_once(self) -> int:
+        saved = os.environ.get(cgroups.ENV_POOL)
+        os.environ[cgroups.ENV_POOL] = "0"
+        try:
+            return super().run_once()
+        finally:
+            if saved is None:
+                del os.environ[cgroups.ENV_POOL]
+            else:
+                os.environ[cgroups.ENV_POOL] = saved
+
+
 class SubprocessPeer(Competitor):
     """A peer run as `subprocess.run(argv)` from this driver."""
 
@@ -549,7 +569,7 @@ def _timed_calls(fn: Callable[[], int], n: int) -> list[int]:
 
 def case_lifecycle(runs: int, warmup: int, log) -> dict:
     competitors: list[Competitor] = [KarotteLifecycle(), Bwrap(), Unshare(), Runc(),
-                                     NoSandbox(), KarotteAfterIdle()]
+                                     NoSandbox(), KarotteAfterIdle(), KarotteNoPool()]
     series = {c.name: Series(c.name, c.describe) for c in competitors}
     live: list[Competitor] = []
     try:
@@ -763,8 +783,10 @@ def _smaps_pss(pid: int) -> tuple[int, int]:
 
 def _own_leftovers() -> dict:
     """karotte-* cgroups this process made (names carry its pid) and karotte-init
-    processes that are its children; and, apart, any made by other processes."""
+    processes that are its children; and, apart, any made by other processes, and the
+    empty cgroups this process keeps for reuse (cgroups.acquire)."""
     mine_prefix = f"{cgroups.PREFIX}{os.getpid()}."
+    pooled = cgroups.pooled_paths()
     own_cg, other_cg = [], []
     points = sorted({line.split()[4] for line in open("/proc/self/mountinfo")
                      if " - cgroup" in line})
@@ -772,8 +794,9 @@ def _own_leftovers() -> dict:
         for top, dirs, _ in os.walk(point):
             for d in list(dirs):
                 if d.startswith(cgroups.PREFIX):
-                    (own_cg if d.startswith(mine_prefix) else other_cg).append(
-                        os.path.join(top, d))
+                    path = os.path.join(top, d)
+                    if path not in pooled:
+                        (own_cg if d.startswith(mine_prefix) else other_cg).append(path)
             if top.count("/") - point.count("/") >= 6:
                 dirs.clear()
     own_init, other_init = [], []
@@ -790,6 +813,7 @@ def _own_leftovers() -> dict:
             ppid = int(stat[stat.rindex(")") + 2:].split()[1])
             (own_init if ppid == os.getpid() else other_init).append(int(entry))
     return {"own_cgroups": own_cg, "own_init_processes": own_init,
+            "own_pooled_empty_cgroups": len(pooled),
             "other_karotte_cgroups": other_cg, "other_karotte_init_processes": other_init}
 
 
@@ -1032,7 +1056,8 @@ def _phase_targets() -> list[tuple[str, object, str]]:
     targets = [
         ("create: cgroup name (leaf_name)", cgroups, "leaf_name"),
         ("create: cgroup backend probe (detect)", cgroups, "detect"),
-        ("create: cgroup mkdir + limits (create)", cgroups, "create"),
+        ("create: cgroup from the pool or new, limits written (acquire)", cgroups, "acquire"),
+        ("create: cgroup mkdir + limits (create, when the pool is empty)", cgroups, "create"),
         ("create: clone3 of init (spawn_init)", ksandbox.native, "spawn_init"),
         ("create: uid/gid maps (_write_proc)", ksandbox, "_write_proc"),
         ("create: config message build", ksandbox, "_config_message"),
@@ -1045,7 +1070,9 @@ def _phase_targets() -> list[tuple[str, object, str]]:
         ("exec: end_exec (cgroup peak and oom reads)", core, "end_exec"),
         ("destroy: whole", core, "destroy"),
         ("destroy: kill_all (cgroup kill + reap init)", core, "kill_all"),
-        ("destroy: cgroup rmdir (Cgroup.destroy)", cgroups.Cgroup, "destroy"),
+        ("destroy: cgroup back to the pool or rmdir (Cgroup.release)", cgroups.Cgroup,
+         "release"),
+        ("destroy: cgroup rmdir (Cgroup.destroy, when not pooled)", cgroups.Cgroup, "destroy"),
         ("cgroup: add pid (v1)", cgroups.Cgroup, "add"),
     ]
     targets.append(("cgroup: SIGKILL of listed tasks (_sigkill_members)", cgroups,

@@ -17,8 +17,16 @@ PYTHON_IN_SANDBOX = "/usr/bin/python3"  # the host's system Python, bound read-o
 
 def karotte_cgroups(creator: int | None = None) -> set[str]:
     """karotte-* cgroup directories made by the process `creator` (default: this one;
-    other test runs may share the machine)."""
-    return set(cgroups.find_created_by(creator))
+    other test runs may share the machine), less the empty ones this process keeps for
+    reuse (which must hold no task)."""
+    found = set(cgroups.find_created_by(creator))
+    if creator not in (None, os.getpid()):
+        return found
+    pooled = cgroups.pooled_paths()
+    for path in pooled:
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            assert f.read() == "", f"a pooled cgroup holds tasks: {path}"
+    return found - pooled
 
 
 def open_fds() -> set[int]:

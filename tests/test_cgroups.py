@@ -522,6 +522,142 @@ def test_context_exit_destroys_even_when_the_body_fails(lab):
     assert [p for p in cg.paths if os.path.exists(p)] == []
 
 
+# --------------------------------------------------------------------------- reuse
+
+@pytest.fixture
+def pool(lab, monkeypatch):
+    """acquire()/release() on the lab's backend with a pool of 2, empty at the start
+    and drained at the end (its cgroups are checked gone by the lab)."""
+    monkeypatch.setenv(cgroups.ENV_POOL, "2")
+    cgroups.drain_pool()
+    taken: list[cgroups.Cgroup] = []
+
+    def acquire(memory: int = 256 * MiB, pids: int = 64, cpus: float = 1.0):
+        cg = cgroups.acquire(CgroupLimits(memory, pids, cpus), backend=lab.backend)
+        taken.append(cg)
+        return cg
+    try:
+        yield acquire
+    finally:
+        cgroups.drain_pool()
+        lab.cgroups.extend(taken)  # the lab asserts every directory is gone
+
+
+def _limit_files(cg: cgroups.Cgroup) -> dict[str, str]:
+    names = (("memory.max", "pids.max", "cpu.max") if cg.version == 2 else
+             ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "pids.max",
+              "cpu.cfs_quota_us"))
+    return {n: open(os.path.join(p, n)).read().strip() for n in names for p in cg.paths
+            if os.path.exists(os.path.join(p, n))}
+
+
+def test_a_released_cgroup_is_reused_with_new_limits_and_nothing_of_its_last_user(lab, pool):
+    cg = pool(memory=64 * MiB)
+    proc = lab.start(cg, "b = b'x' * (256 << 20)\nprint('survived', flush=True)\n")
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    assert cg.oom_kills() >= 1
+    cg.kill_all()
+    cg.release()
+    if not cg.peak_resettable:  # v2 before Linux 6.12: a reused cgroup would show old peaks
+        assert not cgroups.pooled_paths() and not any(os.path.exists(p) for p in cg.paths)
+        return
+    assert set(cg.paths) <= cgroups.pooled_paths()
+    # Larger, then smaller again: on v1 memsw must never be below the memory limit.
+    for memory, pids, cpus in ((192 * MiB, 17, 0.25), (48 * MiB, 9, 2.0)):
+        again = pool(memory=memory, pids=pids, cpus=cpus)
+        assert again is cg and not cgroups.pooled_paths()
+        limits = _limit_files(again)
+        assert limits["pids.max"] == str(pids)
+        if again.version == 2:
+            assert limits["memory.max"] == str(memory)
+            assert limits["cpu.max"] == f"{round(cpus * 100_000)} 100000"
+        else:
+            assert limits["memory.limit_in_bytes"] == str(memory)
+            assert limits.get("memory.memsw.limit_in_bytes", str(memory)) == str(memory)
+            assert limits["cpu.cfs_quota_us"] == str(round(cpus * 100_000))
+        assert again.oom_kills() == 0  # the last user's OOM kill is not this one's
+        peak = again.memory_peak()
+        assert peak is None or peak < 32 * MiB  # nor is its peak
+        # and the new limit holds
+        hog = lab.start(again, f"b = b'x' * ({memory} + (64 << 20))\n")
+        assert hog.wait(timeout=60) == -signal.SIGKILL and again.oom_kills() == 1
+        again.kill_all()
+        again.release()
+
+
+def test_a_cgroup_with_a_task_a_child_cgroup_or_frozen_is_not_kept(lab, pool):
+    busy = pool()
+    sleeper = lab.start(busy, "print('up', flush=True)\nimport time\ntime.sleep(600)\n")
+    assert lab.line(sleeper) == "up"
+    busy.release()  # not emptied by its user: release kills and removes it
+    assert sleeper.wait(timeout=10) == -signal.SIGKILL
+    assert [p for p in busy.paths if os.path.exists(p)] == []
+
+    parent = pool()
+    os.mkdir(os.path.join(parent.paths[0], "karotte-child"))
+    parent.release()
+    assert [p for p in parent.paths if os.path.exists(p)] == []
+
+    frozen = pool()
+    frozen.freeze()
+    frozen.release()
+    assert [p for p in frozen.paths if os.path.exists(p)] == []
+    assert cgroups.pooled_paths() == set()
+
+
+def test_the_pool_is_bounded_off_at_zero_and_checked(lab, pool, monkeypatch):
+    made = [pool() for _ in range(3)]
+    if not made[0].peak_resettable:
+        pytest.skip("v2 before Linux 6.12 keeps no cgroup (memory.peak cannot be reset): "
+                    "the test above checks that")
+    for cg in made:
+        cg.release()
+    assert len({cg.name for cg in made if set(cg.paths) <= cgroups.pooled_paths()}) == 2
+    assert [p for p in made[2].paths if os.path.exists(p)] == []
+    cgroups.drain_pool()
+    assert [p for cg in made for p in cg.paths if os.path.exists(p)] == []
+
+    monkeypatch.setenv(cgroups.ENV_POOL, "0")
+    off = pool()
+    off.release()
+    assert [p for p in off.paths if os.path.exists(p)] == [] and not cgroups.pooled_paths()
+
+    monkeypatch.setenv(cgroups.ENV_POOL, "many")
+    with pytest.raises(ValueError, match=cgroups.ENV_POOL):
+        pool()
+
+
+POOL_AT_EXIT = """
+import os
+from karotte import cgroups
+b = cgroups.backend({version})
+made = [cgroups.acquire(cgroups.CgroupLimits(64 << 20, 16, 0.5), backend=b) for _ in range(2)]
+for cg in made:
+    cg.release()
+if made[0].peak_resettable:  # else (v2 before Linux 6.12) nothing is kept
+    assert cgroups.pooled_paths() == {{p for cg in made for p in cg.paths}}
+pid = os.fork()
+if pid == 0:  # the child has its own, empty pool and leaves the parent's alone
+    ok = cgroups.pooled_paths() == set()
+    child = cgroups.acquire(cgroups.CgroupLimits(64 << 20, 16, 0.5), backend=b)
+    ok = ok and not set(child.paths) & {{p for cg in made for p in cg.paths}}
+    child.destroy()
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+assert all(os.path.isdir(p) for p in cgroups.pooled_paths())
+print(os.getpid())
+"""
+
+
+def test_pooled_cgroups_are_removed_at_exit_and_not_shared_with_a_fork(lab):
+    ran = subprocess.run([sys.executable, "-c", POOL_AT_EXIT.format(version=lab.backend.version)],
+                         env={**os.environ, "PYTHONPATH": REPO, cgroups.ENV_POOL: "4"},
+                         capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert cgroups.find_created_by(int(ran.stdout)) == []
+
+
 # --------------------------------------------------------------------------- gc
 
 ORPHAN = """

@@ -393,3 +393,31 @@ def test_running_out_of_fds_is_named_as_the_cause(no_leaks, spare):
         for fd in filler:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.cgroup2
+def test_a_sandbox_on_a_reused_cgroup_gets_its_own_limits_and_none_of_the_last_users_counts(
+        no_leaks, monkeypatch):
+    # Sandboxes keep released cgroups for the next one (cgroups.acquire): the second
+    # sandbox below runs in the first one's cgroup, and must not inherit its OOM kill,
+    # its memory peak, or its lower memory limit.
+    from karotte import cgroups
+    monkeypatch.setenv(cgroups.ENV_POOL, "1")
+    cgroups.drain_pool()
+    try:
+        with Sandbox(SandboxSpec(memory=96 * MiB)) as first:
+            hog = first.exec(py("b = bytearray(160 << 20)"))
+            assert hog.oom_killed and hog.signal == signal.SIGKILL
+            paths = first._core.cgroup.paths
+            # v2 before Linux 6.12 cannot reset memory.peak: such a cgroup is not reused
+            reusable = first._core.cgroup.peak_resettable
+        with Sandbox(SandboxSpec(memory=384 * MiB)) as second:
+            assert (second._core.cgroup.paths == paths) == reusable
+            quiet = second.exec(["/bin/true"])
+            assert quiet.exit_code == 0 and not quiet.oom_killed
+            if reusable:
+                assert quiet.peak_memory is not None and quiet.peak_memory < 64 * MiB
+            held = second.exec(py("b = bytearray(160 << 20); b[::4096] = b'x' * len(b[::4096])"))
+            assert held.exit_code == 0 and not held.oom_killed, held
+    finally:
+        cgroups.drain_pool()
