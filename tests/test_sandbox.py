@@ -150,6 +150,14 @@ def test_exit_code_signal_and_command_not_found_are_reported(sandbox):
     r = sandbox.exec(["no-such-command-anywhere"])
     assert r.exit_code == 127 and r.error and "No such file" in r.error
     assert b"no-such-command-anywhere" not in r.stdout
+    # A script without #!: glibc's execvp runs it with /bin/sh, musl's (karotte-init's
+    # libc where musl-gcc is installed) does not, and then the error says what is missing.
+    assert sandbox.exec("printf 'echo ran\\n' > s && chmod +x s").exit_code == 0
+    r = sandbox.exec(["./s"])
+    if r.exit_code == 127:
+        assert "a script needs a #! line" in r.error and r.stdout == b""
+    else:
+        assert r.exit_code == 0 and r.stdout == b"ran\n"
 
 
 def test_stdin_is_delivered_in_full(sandbox):
