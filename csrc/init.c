@@ -518,6 +518,12 @@ static void drop_bounding_set(void)
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
 }
 
+static int load_filter(void)
+{
+    struct sock_fprog prog = {cfg.filter_len, (struct sock_filter *)cfg.filter};
+    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+}
+
 static int write_proc_self(const char *name, const char *text)
 {
     char path[64];
@@ -569,7 +575,6 @@ static void __attribute__((noreturn)) agent_child(char **argv, char **envp, cons
         if (setrlimit((int)cfg.rlimits[i].resource, &rl) < 0)
             goto fail;
     }
-    drop_bounding_set();
     if (cfg.nested) {
         /* The host gave us a single uid; the agent gets a user namespace of its own
          * in which that uid is agent_uid, so it is never root of init's namespace. */
@@ -603,11 +608,11 @@ static void __attribute__((noreturn)) agent_child(char **argv, char **envp, cons
     step = "no_new_privs";
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         goto fail;
-    if (cfg.filter_len) {
-        struct sock_fprog prog = {cfg.filter_len, (struct sock_filter *)cfg.filter};
+    /* Otherwise init loaded it before READY and this process inherited it. */
+    if (cfg.nested && cfg.filter_len) {
         /* Last: after this, the agent's own syscalls are the only ones left. */
         step = "load seccomp filter";
-        if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) < 0)
+        if (load_filter() < 0)
             goto fail;
     }
     extern char **environ;
@@ -906,6 +911,19 @@ int main(void)
     if (setsid() < 0)
         setup_fail("setsid");
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* setresuid above reset it */
+    if (!cfg.nested) {
+        /* The agent's empty bounding set and its seccomp filter, once for every
+         * command: each command's process inherits both through fork, and so skips a
+         * filter load (BPF conversion, JIT and the kernel's verdict cache) per exec.
+         * Neither takes anything init uses from here on: the bounding set limits only
+         * what an execve grants, and the policy allows fork, wait, signals, the
+         * socket and every step agent_child takes. In nested mode each command first
+         * makes a user namespace, which the filter forbids and which refills the
+         * bounding set, so there agent_child does both itself. */
+        drop_bounding_set();
+        if (cfg.filter_len && load_filter() < 0)
+            setup_fail("load the seccomp filter");
+    }
 
     /* Hand the host a directory fd of the workspace: it keeps the tmpfs reachable
      * for the scanner after every process inside is gone. */

@@ -619,7 +619,7 @@ class _Judge:
     # -- the agent's process
 
     def seccomp(self) -> Protection:
-        how = "seccomp filter loaded last before exec (karotte.seccomp.DEFAULT_POLICY)"
+        how = "seccomp filter on every command (karotte.seccomp.DEFAULT_POLICY)"
         missing = self.untested("seccomp", how)
         if missing:
             return missing

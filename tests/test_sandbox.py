@@ -39,6 +39,9 @@ def test_agent_runs_as_uid_1000_without_capabilities_with_no_new_privs_and_secco
         assert int(st[cap], 16) == 0, f"{cap} is {st[cap]}"
     assert st["NoNewPrivs"].strip() == "1"
     assert st["Seccomp"].strip() == "2"  # filter mode
+    # exactly the policy: init loads it once and every command inherits it
+    assert st["Seccomp_filters"].strip() == "1"
+    assert status_fields(sandbox)["Seccomp_filters"].strip() == "1"  # and the next one too
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid range is mapped only for root callers")

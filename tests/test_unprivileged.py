@@ -28,6 +28,7 @@ try:
         out["id"] = sb.exec(["id", "-u"]).stdout.decode().strip()
         out["caps"] = sb.exec("grep CapEff /proc/self/status").stdout.decode().split()[1]
         out["seccomp"] = sb.exec("grep ^Seccomp: /proc/self/status").stdout.decode().split()[1]
+        out["filters"] = sb.exec("grep ^Seccomp_filters: /proc/self/status").stdout.decode().split()[1]
         out["write"] = sb.exec("echo hi > /workspace/f && cat /workspace/f").stdout.decode().strip()
         out["hostname"] = sb.exec(["hostname"]).stdout.decode().strip()
         r = sb.exec(["python3", "-c", "b = bytearray(1 << 30)"])
@@ -94,7 +95,7 @@ def test_unprivileged_caller_gets_a_working_sandbox_with_agent_uid_1000(delegate
     out = _run_as_nobody({"KAROTTE_CGROUP_PARENT": delegated_v1_parent})
     assert out["caller"] == NOBODY
     assert out["id"] == "1000" and out["hostname"] == "karotte" and out["write"] == "hi"
-    assert int(out["caps"], 16) == 0 and out["seccomp"] == "2"
+    assert int(out["caps"], 16) == 0 and out["seccomp"] == "2" and out["filters"] == "1"
     assert out["oom"] == [True, True] and out["cgroup"]
 
 
