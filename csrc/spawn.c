@@ -20,7 +20,9 @@
 #include <linux/sched.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -92,11 +94,60 @@ static long clone3_child_exec(struct clone_args *ca, long child_fd, const char *
     return rax;
 }
 
+/* The creator of a user namespace is its owner, and the kernel charges per-user
+ * counts made inside it (inotify instances and watches, message-queue bytes, queued
+ * signals, nested namespaces) to the creator's uid as well. Created by the trainer's
+ * root, every sandbox would draw on root's pools (4 sandboxes took all 128 inotify
+ * instances of this host's root, the trainer's included). So a root caller creates it
+ * as owner_uid/owner_gid, unused host ids of the sandbox's own range. Raw syscalls:
+ * they change the calling thread's credentials only, where glibc's setresuid would
+ * change every thread of the trainer. The real and saved ids stay the caller's, so it
+ * can take its effective ids back; fsuid goes back to the caller's at once, so that
+ * CLONE_INTO_CGROUP's permission check sees the caller. */
+struct saved_ids {
+    long euid, egid, dumpable;
+    int pdeathsig;
+};
+
+static int take_owner_ids(int64_t uid, int64_t gid, struct saved_ids *saved)
+{
+    saved->euid = syscall(SYS_geteuid);
+    saved->egid = syscall(SYS_getegid);
+    saved->dumpable = prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
+    saved->pdeathsig = 0;
+    prctl(PR_GET_PDEATHSIG, &saved->pdeathsig, 0, 0, 0);
+    if (syscall(SYS_setresgid, -1L, (long)gid, -1L) < 0)
+        return -errno;
+    if (syscall(SYS_setresuid, -1L, (long)uid, -1L) < 0) {
+        int err = errno;
+        syscall(SYS_setresgid, -1L, saved->egid, -1L);
+        return -err;
+    }
+    syscall(SYS_setfsuid, saved->euid);
+    syscall(SYS_setfsgid, saved->egid);
+    return 0;
+}
+
+static void give_back_ids(const struct saved_ids *saved)
+{
+    /* Cannot fail (the real and saved ids are the caller's); if it did, this thread
+     * would run the trainer's code under the wrong ids: stop instead. */
+    if (syscall(SYS_setresuid, -1L, saved->euid, -1L) < 0 ||
+        syscall(SYS_setresgid, -1L, saved->egid, -1L) < 0)
+        abort();
+    /* A change of effective ids resets these for the whole process (dumpable) and the
+     * thread (parent-death signal); put back what the trainer had. */
+    prctl(PR_SET_DUMPABLE, saved->dumpable, 0, 0, 0);
+    prctl(PR_SET_PDEATHSIG, saved->pdeathsig, 0, 0, 0);
+}
+
 int karotte_spawn(const char *path, char *const argv[], char *const envp[],
-                  int child_fd, int cgroup_fd, uint64_t ns_flags, int *pidfd_out)
+                  int child_fd, int cgroup_fd, uint64_t ns_flags, int64_t owner_uid,
+                  int64_t owner_gid, int *pidfd_out)
 {
     int pidfd = -1;
     struct clone_args ca;
+    struct saved_ids saved;
     sigset_t all, old;
     long ret;
 
@@ -118,7 +169,16 @@ int karotte_spawn(const char *path, char *const argv[], char *const envp[],
      * karotte-init sets its own. (SIGKILL and SIGSTOP use no user stack.) */
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
+    if (owner_uid >= 0) {
+        ret = take_owner_ids(owner_uid, owner_gid, &saved);
+        if (ret < 0) {
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
+            return (int)ret;
+        }
+    }
     ret = clone3_child_exec(&ca, child_fd, path, argv, envp);
+    if (owner_uid >= 0)
+        give_back_ids(&saved);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 
     if (ret < 0)

@@ -24,8 +24,13 @@ ALL_NAMESPACES = (CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CL
 _INIT_ARGV = [ffi.new("char[]", b"karotte-init"), ffi.NULL]
 
 
-def spawn_init(child_fd: int, cgroup_fd: int | None) -> tuple[int, int, object]:
+def spawn_init(child_fd: int, cgroup_fd: int | None,
+               owner: tuple[int, int] | None = None) -> tuple[int, int, object]:
     """Start karotte-init in fresh namespaces; child_fd becomes its fd 3.
+
+    owner: (uid, gid) on the host that create, and so own, the user namespace, in place
+    of the caller (which must be root to take them); the kernel charges per-user counts
+    made inside to the owner.
 
     Returns (pid, pidfd, keepalive). The child reads its exec arguments from our
     memory until it execs, after the go message: hold keepalive until init has
@@ -38,8 +43,10 @@ def spawn_init(child_fd: int, cgroup_fd: int | None) -> tuple[int, int, object]:
     argv = ffi.new("char *[]", _INIT_ARGV)
     envp = ffi.new("char *[]", [ffi.NULL])
     pidfd = ffi.new("int *", -1)
+    owner_uid, owner_gid = owner if owner is not None else (-1, -1)
     rc = lib.karotte_spawn(path, argv, envp, child_fd,
-                           -1 if cgroup_fd is None else cgroup_fd, ALL_NAMESPACES, pidfd)
+                           -1 if cgroup_fd is None else cgroup_fd, ALL_NAMESPACES,
+                           owner_uid, owner_gid, pidfd)
     if rc < 0:
         raise OSError(-rc, os.strerror(-rc))
     return rc, pidfd[0], (path, argv, envp)

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import os
 import resource
 import select
 import signal
 import socket
 import termios
+import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -59,13 +61,32 @@ class _Identity:
     nested: bool  # agent runs in a user namespace of its own (unprivileged caller)
     owner_uid: int  # the agent's uid as init sees it: owner of /workspace and /home/agent
     owner_gid: int
+    ns_owners: int | None = None  # root: first of the host ids that own user namespaces
+
+    def ns_owner(self) -> tuple[int, int] | None:
+        """The host uid and gid that create the next sandbox's user namespace, or None
+        for the caller's own. Per-user kernel counts made inside a sandbox (inotify,
+        message queues, queued signals) are charged to them on the host; from a range
+        of NS_OWNERS ids past the mapped ones, so that no two sandboxes of a process
+        made one after the other share them, and no host process runs as them."""
+        if self.ns_owners is None:
+            return None
+        with _owner_lock:
+            k = next(_owner_seq)
+        owner = self.ns_owners + (os.getpid() * 7919 + k) % NS_OWNERS
+        return owner, owner
+
+
+NS_OWNERS = 1 << 20
+_owner_seq = itertools.count()
+_owner_lock = threading.Lock()
 
 
 def _identity() -> _Identity:
     if os.geteuid() == 0:
         base = int(os.environ.get("KAROTTE_UID_BASE", DEFAULT_UID_BASE))
         return _Identity(f"0 {base} 65536\n", f"0 {base} 65536\n", False, False,
-                         AGENT_UID, AGENT_UID)
+                         AGENT_UID, AGENT_UID, ns_owners=base + 65536)
     # Without privilege the kernel lets us map exactly our own ids; the agent gets a
     # nested namespace in which that id is 1000 (see agent_child in csrc/init.c).
     return _Identity(f"0 {os.geteuid()} 1\n", f"0 {os.getegid()} 1\n", True, True, 0, 0)
@@ -371,7 +392,8 @@ class _Core:
                     child = socket.socket(fileno=child_fd)
                 try:
                     self.pid, self.pidfd, self._spawn_args = native.spawn_init(
-                        child.fileno(), self.cgroup and self.cgroup.clone_fd())
+                        child.fileno(), self.cgroup and self.cgroup.clone_fd(),
+                        ident.ns_owner())
                 except OSError as exc:
                     raise _spawn_error(exc) from exc
             finally:

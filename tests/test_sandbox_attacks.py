@@ -6,6 +6,7 @@ and nothing of the sandbox is left running.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -15,13 +16,14 @@ import subprocess
 import sys
 import time
 
+import prctl
 import psutil
 import pytest
 from pyroute2 import NetNS
 
 from conftest import py
 from karotte import cgroups, native
-from karotte.sandbox import Sandbox
+from karotte.sandbox import DEFAULT_UID_BASE, Sandbox
 from karotte.spec import MiB, SandboxSpec
 
 # A syscall probe run inside the sandbox with ctypes: prints the errno name, or OK.
@@ -428,3 +430,64 @@ print(n, resource.getrlimit(resource.RLIMIT_MSGQUEUE)[1], resource.getrlimit(res
 """))
     instances, msgqueue, sigpending = map(int, r.stdout.split())
     assert instances <= 32 and msgqueue <= 64 * 1024 and sigpending <= 1024
+
+
+HOLD_INOTIFY = """
+import ctypes, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+n = 0
+while n < 32 and libc.inotify_init1(0) >= 0:
+    n += 1
+print(n, flush=True)
+time.sleep(600)
+"""
+
+
+def _ns_owner_uid(pid: int) -> int:
+    import fcntl
+    import struct
+    NS_GET_OWNER_UID = 0xB704  # _IO(0xb7, 0x4)
+    fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return struct.unpack("I", fcntl.ioctl(fd, NS_GET_OWNER_UID, b"\0" * 4))[0]
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="an unprivileged trainer's sandboxes are owned by "
+                    "its own uid, whose per-user counts they share (tests/test_unprivileged.py)")
+def test_per_user_kernel_counts_of_sandboxes_are_not_charged_to_the_trainer(no_leaks):
+    # inotify instances are counted per user, at every level up to the user namespace's
+    # owner on the host. Owned by the trainer's root, a few sandboxes at their own cap
+    # (32) took every instance root had (fs.inotify.max_user_instances, 128 here), the
+    # trainer's own included.
+    libc = ctypes.CDLL(None, use_errno=True)
+    host_limit = int(open("/proc/sys/fs/inotify/max_user_instances").read())
+    count = host_limit // 32 + 2
+    if count > 24:
+        pytest.skip(f"fs.inotify.max_user_instances is {host_limit}: too many sandboxes "
+                    "to fill it in a test")
+    dumpable, pdeathsig = prctl.get_dumpable(), prctl.get_pdeathsig()
+    prctl.set_pdeathsig(signal.SIGWINCH)  # harmless if it fires: ignored by default
+    sandboxes = []
+    try:
+        sandboxes += [Sandbox() for _ in range(count)]
+        owners = {_ns_owner_uid(sb.init_pid) for sb in sandboxes}
+        base = DEFAULT_UID_BASE + 65536
+        assert len(owners) == count and all(base <= o < base + (1 << 20) for o in owners)
+        got = []
+        for sb in sandboxes:
+            r = sb.exec(["sh", "-c", f"/usr/bin/python3 -c '{HOLD_INOTIFY}' > /tmp/n & "
+                         "while [ ! -s /tmp/n ]; do sleep 0.01; done; cat /tmp/n"])
+            got.append(int(r.stdout))
+        assert got == [32] * count  # each its own share, none starved by the others
+        fd = libc.inotify_init1(os.O_CLOEXEC)  # and the trainer keeps its own
+        assert fd >= 0, os.strerror(ctypes.get_errno())
+        os.close(fd)
+        # the spawning thread took other effective ids for the clone: all given back
+        assert (os.geteuid(), os.getegid()) == (0, 0) and prctl.get_dumpable() == dumpable
+        assert prctl.get_pdeathsig() == signal.SIGWINCH
+    finally:
+        prctl.set_pdeathsig(pdeathsig)
+        for sb in sandboxes:
+            sb.close()
