@@ -17,6 +17,7 @@
 #include "spawn.h"
 
 #include <errno.h>
+#include <linux/capability.h>
 #include <linux/sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -105,17 +106,22 @@ static long clone3_child_exec(struct clone_args *ca, long child_fd, const char *
  * can take its effective ids back; fsuid goes back to the caller's at once, so that
  * CLONE_INTO_CGROUP's permission check sees the caller. */
 struct saved_ids {
-    long euid, egid, dumpable;
+    long euid, egid;
     int pdeathsig;
+    struct __user_cap_header_struct cap_header;
+    struct __user_cap_data_struct caps[2];
 };
 
 static int take_owner_ids(int64_t uid, int64_t gid, struct saved_ids *saved)
 {
     saved->euid = syscall(SYS_geteuid);
     saved->egid = syscall(SYS_getegid);
-    saved->dumpable = prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
     saved->pdeathsig = 0;
     prctl(PR_GET_PDEATHSIG, &saved->pdeathsig, 0, 0, 0);
+    saved->cap_header.version = _LINUX_CAPABILITY_VERSION_3;
+    saved->cap_header.pid = 0;
+    if (syscall(SYS_capget, &saved->cap_header, saved->caps) < 0)
+        return -errno;
     if (syscall(SYS_setresgid, -1L, (long)gid, -1L) < 0)
         return -errno;
     if (syscall(SYS_setresuid, -1L, (long)uid, -1L) < 0) {
@@ -135,9 +141,15 @@ static void give_back_ids(const struct saved_ids *saved)
     if (syscall(SYS_setresuid, -1L, saved->euid, -1L) < 0 ||
         syscall(SYS_setresgid, -1L, saved->egid, -1L) < 0)
         abort();
-    /* A change of effective ids resets these for the whole process (dumpable) and the
-     * thread (parent-death signal); put back what the trainer had. */
-    prctl(PR_SET_DUMPABLE, saved->dumpable, 0, 0, 0);
+    /* Taking euid 0 back made the effective capabilities the permitted ones: put back
+     * the set the thread had (it may have dropped some). */
+    if (syscall(SYS_capset, &saved->cap_header, saved->caps) < 0)
+        abort();
+    /* The id change reset the thread's parent-death signal: put it back. It also made
+     * the process non-dumpable, and that stays: the child shares our memory until its
+     * exec, in a user namespace whose owner has every capability over it, so only a
+     * non-dumpable mm keeps the owner uid from attaching to it (the child's own setresuid
+     * leaves the trainer non-dumpable anyway, as every spawn did before). */
     prctl(PR_SET_PDEATHSIG, saved->pdeathsig, 0, 0, 0);
 }
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import itertools
 import os
 import resource
+import secrets
 import select
 import signal
 import socket
@@ -66,25 +66,62 @@ class _Identity:
     def ns_owner(self) -> tuple[int, int] | None:
         """The host uid and gid that create the next sandbox's user namespace, or None
         for the caller's own. Per-user kernel counts made inside a sandbox (inotify,
-        message queues, queued signals) are charged to them on the host; from a range
-        of NS_OWNERS ids past the mapped ones, so that no two sandboxes of a process
-        made one after the other share them, and no host process runs as them."""
+        message queues, queued signals) are charged to them on the host. The owner has
+        every capability over the namespace, so no host process may run as it: the
+        NS_OWNERS ids right after the mapped ones, reserved with them. Each process
+        starts at a random one and takes the next for each sandbox."""
         if self.ns_owners is None:
             return None
+        global _owner_next
         with _owner_lock:
-            k = next(_owner_seq)
-        owner = self.ns_owners + (os.getpid() * 7919 + k) % NS_OWNERS
-        return owner, owner
+            if _owner_next is None:
+                _owner_next = secrets.randbelow(NS_OWNERS)
+            k, _owner_next = _owner_next, (_owner_next + 1) % NS_OWNERS
+        return self.ns_owners + k, self.ns_owners + k
 
 
-NS_OWNERS = 1 << 20
-_owner_seq = itertools.count()
+NS_OWNERS = 65536
+_owner_next: int | None = None  # per process: a forked child picks its own start
 _owner_lock = threading.Lock()
+
+
+def _forget_owner_start() -> None:
+    global _owner_next, _owner_lock
+    _owner_next, _owner_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_owner_start)
+
+
+@lru_cache(maxsize=4)
+def _check_reserved_ids(base: int) -> None:
+    """The host ids Karotte takes as root, [base, base + 65536 + NS_OWNERS), must fit in
+    32 bits and belong to no local account or group (an account with one of them could
+    enter sandboxes)."""
+    top = base + 65536 + NS_OWNERS
+    if base < 1 or top > 0xFFFF_FFFF:
+        raise HostUnsupported("uid range", f"KAROTTE_UID_BASE {base:#x} leaves no room for the "
+                              f"{top - base} host ids Karotte uses from it (up to {top:#x}); "
+                              f"pick a base from 1 to {0xFFFF_FFFF - (top - base):#x}")
+    for table in ("/etc/passwd", "/etc/group"):
+        try:
+            with open(table, encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            fields = line.split(":")
+            if len(fields) > 2 and fields[2].isdigit() and base <= int(fields[2]) < top:
+                raise HostUnsupported(
+                    "uid range", f"{table} has {fields[0]!r} with id {fields[2]}, inside the "
+                    f"host ids Karotte uses as root ({base:#x}-{top - 1:#x}): that account "
+                    f"could enter sandboxes; set KAROTTE_UID_BASE to a free range")
 
 
 def _identity() -> _Identity:
     if os.geteuid() == 0:
         base = int(os.environ.get("KAROTTE_UID_BASE", DEFAULT_UID_BASE))
+        _check_reserved_ids(base)
         return _Identity(f"0 {base} 65536\n", f"0 {base} 65536\n", False, False,
                          AGENT_UID, AGENT_UID, ns_owners=base + 65536)
     # Without privilege the kernel lets us map exactly our own ids; the agent gets a

@@ -23,7 +23,8 @@ from pyroute2 import NetNS
 
 from conftest import py
 from karotte import cgroups, native
-from karotte.sandbox import DEFAULT_UID_BASE, Sandbox
+from karotte.errors import HostUnsupported
+from karotte.sandbox import DEFAULT_UID_BASE, NS_OWNERS, Sandbox
 from karotte.spec import MiB, SandboxSpec
 
 # A syscall probe run inside the sandbox with ctypes: prints the errno name, or OK.
@@ -443,6 +444,11 @@ time.sleep(600)
 """
 
 
+def _cap_eff() -> int:
+    status = open("/proc/thread-self/status").read()
+    return int(status.split("CapEff:")[1].split()[0], 16)
+
+
 def _ns_owner_uid(pid: int) -> int:
     import fcntl
     import struct
@@ -467,14 +473,16 @@ def test_per_user_kernel_counts_of_sandboxes_are_not_charged_to_the_trainer(no_l
     if count > 24:
         pytest.skip(f"fs.inotify.max_user_instances is {host_limit}: too many sandboxes "
                     "to fill it in a test")
-    dumpable, pdeathsig = prctl.get_dumpable(), prctl.get_pdeathsig()
+    pdeathsig = prctl.get_pdeathsig()
     prctl.set_pdeathsig(signal.SIGWINCH)  # harmless if it fires: ignored by default
+    prctl.cap_effective.net_admin = False  # a trainer that dropped a capability
+    caps = _cap_eff()
     sandboxes = []
     try:
         sandboxes += [Sandbox() for _ in range(count)]
         owners = {_ns_owner_uid(sb.init_pid) for sb in sandboxes}
         base = DEFAULT_UID_BASE + 65536
-        assert len(owners) == count and all(base <= o < base + (1 << 20) for o in owners)
+        assert len(owners) == count and all(base <= o < base + NS_OWNERS for o in owners)
         got = []
         for sb in sandboxes:
             r = sb.exec(["sh", "-c", f"/usr/bin/python3 -c '{HOLD_INOTIFY}' > /tmp/n & "
@@ -484,10 +492,23 @@ def test_per_user_kernel_counts_of_sandboxes_are_not_charged_to_the_trainer(no_l
         fd = libc.inotify_init1(os.O_CLOEXEC)  # and the trainer keeps its own
         assert fd >= 0, os.strerror(ctypes.get_errno())
         os.close(fd)
-        # the spawning thread took other effective ids for the clone: all given back
-        assert (os.geteuid(), os.getegid()) == (0, 0) and prctl.get_dumpable() == dumpable
+        # the spawning thread took other effective ids for the clone: all given back,
+        # and its effective capabilities are the ones it had, not all it may have
+        assert (os.geteuid(), os.getegid()) == (0, 0) and _cap_eff() == caps
         assert prctl.get_pdeathsig() == signal.SIGWINCH
     finally:
         prctl.set_pdeathsig(pdeathsig)
+        prctl.cap_effective.net_admin = True
         for sb in sandboxes:
             sb.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the host id range is used by root callers only")
+@pytest.mark.parametrize("base, why", [(0xFFFF_0000, "leaves no room"), (1, "'daemon' with id 1")])
+def test_a_host_id_range_that_overflows_or_holds_an_account_is_refused(no_leaks, monkeypatch, base,
+                                                                     why):
+    # Every sandbox's user namespace is owned by one of these ids, and the owner has
+    # every capability over it: an account holding one could enter sandboxes.
+    monkeypatch.setenv("KAROTTE_UID_BASE", str(base))
+    with pytest.raises(HostUnsupported, match=why):
+        Sandbox()
