@@ -26,6 +26,7 @@ namespace: ``gc`` must run in the PID namespace of the processes that create san
 from __future__ import annotations
 
 import atexit
+import copy
 import errno
 import functools
 import itertools
@@ -48,6 +49,7 @@ STALE_SEARCH_DEPTH = 8
 ENV_PARENT = "KAROTTE_CGROUP_PARENT"
 ENV_POOL = "KAROTTE_CGROUP_POOL"
 DEFAULT_POOL_SIZE = 16
+POOL_MAX_LEFTOVER = 8 << 20  # bytes still charged to a released cgroup that may be reused
 
 V2_CONTROLLERS = ("cpu", "memory", "pids")
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
@@ -329,6 +331,19 @@ def _check_name(name: str) -> None:
 
 # --------------------------------------------------------------------------- the cgroup
 
+_GUARDED = ("populated", "kill_all", "freeze", "thaw", "memory_peak", "reset_memory_peak",
+            "cpu_seconds", "set_limits")
+
+
+def _live(method):
+    """The method, refused (CgroupError) on a released handle or in a forked child."""
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        self._check_live()
+        return method(self, *args, **kwargs)
+    return guarded
+
+
 class Cgroup:
     """One sandbox cgroup. Use as a context manager; exit destroys it."""
 
@@ -344,7 +359,40 @@ class Cgroup:
         self._destroyed = False
         self._limits: CgroupLimits | None = None  # as last written by set_limits()
         self._oom_base = 0  # OOM kills of earlier users, when acquire() reused it
+        self._cpu_base = 0.0  # their CPU seconds, where the kernel cannot reset them
         self._pool_key: tuple | None = None  # set by acquire(): release() may keep it
+        self._pid = os.getpid()
+        self._released = False  # released to the pool: another handle serves it now
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in _GUARDED:  # every method that reads or changes the cgroup
+            if name in cls.__dict__:
+                setattr(cls, name, _live(cls.__dict__[name]))
+
+    def owned_here(self) -> bool:
+        """False for a cgroup from acquire() in a process forked from the one that took
+        it: that process may have released it to its pool and handed it to another
+        sandbox since, so this copy must not act on it."""
+        return self._pool_key is None or self._pid == os.getpid()
+
+    def _check_live(self) -> None:
+        if self._released:
+            raise CgroupError(f"cgroup {self.name} was released; it may serve another "
+                              f"sandbox now, so this handle can no longer act on it")
+        if not self.owned_here():
+            raise CgroupError(f"cgroup {self.name} belongs to process {self._pid}, which "
+                              f"took it with acquire(); a forked child must not act on it")
+
+    def _handoff(self) -> "Cgroup":
+        """A new handle for the pool; this one is dead from now on."""
+        fresh = copy.copy(self)
+        self._released = self._destroyed = True
+        self._disown()
+        return fresh
+
+    def _disown(self) -> None:
+        """Forget the fds a new handle took over (v2)."""
 
     def __enter__(self) -> "Cgroup":
         return self
@@ -383,6 +431,7 @@ class Cgroup:
     def reset_memory_peak(self) -> None:
         raise NotImplementedError
 
+    @_live
     def oom_kills(self) -> int:
         """Tasks the OOM killer ended in this cgroup (since acquire() handed it out)."""
         return self._oom_count() - self._oom_base
@@ -396,19 +445,40 @@ class Cgroup:
 
     def _reusable(self) -> bool:
         """Whether this cgroup is as good as new for another sandbox: no task, no child
-        cgroup, not frozen; resets its counters. Called only once its tasks are gone."""
+        cgroup, not frozen, little memory still charged; resets its counters. Called
+        only once its tasks are gone."""
+        raise NotImplementedError
+
+    def _little_left(self) -> bool:
+        """At most POOL_MAX_LEFTOVER bytes still charged (page cache, dentries and other
+        kernel objects its tasks made outlive them), reclaiming once if it is more: the
+        next user's memory and peak would count what is left."""
+        if self._memory_usage() <= POOL_MAX_LEFTOVER:
+            return True
+        self._reclaim(self._memory_usage())
+        return self._memory_usage() <= POOL_MAX_LEFTOVER
+
+    def _memory_usage(self) -> int:
+        raise NotImplementedError
+
+    def _reclaim(self, nbytes: int) -> None:
         raise NotImplementedError
 
     def release(self) -> None:
         """destroy(), except that a cgroup from acquire() that is provably empty may be
-        kept by this process for the next acquire() (new limits, counters reset)."""
-        if self._pool_key is None or self._destroyed or not _pool.give(self):
+        kept by this process for the next acquire() (new limits, counters reset). This
+        handle is dead afterwards either way; a second release() does nothing."""
+        if self._released or self._destroyed:
+            return
+        self._check_live()
+        if self._pool_key is None or not _pool.give(self):
             self.destroy()
 
     def cpu_seconds(self) -> float:
         """CPU time used by all tasks of the cgroup, user and system."""
         raise NotImplementedError
 
+    @_live
     def pids(self) -> list[int]:
         """Host pids of the tasks in the cgroup and below it (union over hierarchies)."""
         found: set[int] = set()
@@ -419,6 +489,7 @@ class Cgroup:
     def _members(self) -> set[int]:
         return set(self.pids())
 
+    @_live
     def add(self, pid: int) -> None:
         """Move a process in (every hierarchy on v1). Its children inherit the cgroup."""
         for path in self.paths:
@@ -429,6 +500,7 @@ class Cgroup:
         and leaves the cgroup as it is, so that a retry or `gc` can finish the job."""
         if self._destroyed:
             return
+        self._check_live()
         try:
             # Already emptied by its owner (the usual case)? The kernel refuses to remove
             # a cgroup that holds a task (EBUSY), so this cannot leave one running.
@@ -597,7 +669,22 @@ class _V2Cgroup(Cgroup):
         return _keyed(_read(self._file("memory.events"))).get("oom_kill", 0)
 
     def cpu_seconds(self) -> float:
+        return self._cpu_count() - self._cpu_base
+
+    def _cpu_count(self) -> float:
         return _keyed(_read(self._file("cpu.stat")))["usage_usec"] / 1e6
+
+    def _memory_usage(self) -> int:
+        return int(_read(self._file("memory.current")))
+
+    def _reclaim(self, nbytes: int) -> None:
+        try:
+            _write(self._file("memory.reclaim"), str(nbytes))  # Linux 5.19+
+        except CgroupError:
+            pass  # EAGAIN: could not reclaim that much; the caller reads the usage again
+
+    def _disown(self) -> None:
+        self._dir_fd = self._events_fd = self._peak_fd = None
 
     def set_limits(self, limits: CgroupLimits) -> None:
         _write(self._file("memory.max"), str(limits.memory))
@@ -609,10 +696,11 @@ class _V2Cgroup(Cgroup):
         # Before Linux 6.12 memory.peak cannot be reset: a new user would see the old peak.
         if not self.peak_resettable or self.populated() or not self._no_child_cgroups():
             return False
-        if _read(self._file("cgroup.freeze")).strip() != "0":
+        if _read(self._file("cgroup.freeze")).strip() != "0" or not self._little_left():
             return False
         os.write(self._peak_fd, b"reset")
         self._oom_base = self._oom_count()
+        self._cpu_base = self._cpu_count()
         return True
 
     def _close(self) -> None:
@@ -713,14 +801,22 @@ class _V1Cgroup(Cgroup):
         for path in self.paths:
             if _read(os.path.join(path, "cgroup.procs")).strip():
                 return False
-        if self._freezer_state() != "THAWED":
+        if self._freezer_state() != "THAWED" or not self._little_left():
             return False
         self.reset_memory_peak()
+        _write(self._file("memory", "memory.failcnt"), "0")
+        _write(self._file("cpuacct", "cpuacct.usage"), "0")
         self._oom_base = self._oom_count()
         return True
 
     def cpu_seconds(self) -> float:
         return int(_read(self._file("cpuacct", "cpuacct.usage"))) / 1e9
+
+    def _memory_usage(self) -> int:
+        return int(_read(self._file("memory", "memory.usage_in_bytes")))
+
+    def _reclaim(self, nbytes: int) -> None:
+        _write(self._file("memory", "memory.force_empty"), "0")
 
 
 # --------------------------------------------------------------------------- backends
@@ -945,7 +1041,7 @@ def acquire(limits: CgroupLimits, parent: "str | Cgroup | None" = None, *,
             try:  # e.g. a lower memory limit than the page cache it still holds
                 cg.destroy()
             except CgroupError:
-                pass  # a task got in after all: gc removes it when this process is gone
+                cg._close()  # a task got in after all: gc removes it once we are gone
     cg = b.create(leaf_name(), limits, parent)
     cg._pool_key = key
     return cg
@@ -955,11 +1051,14 @@ class _Pool:
     """Empty cgroups this process released, kept for acquire(); at most `size` of them
     ($KAROTTE_CGROUP_POOL, default 16; 0 turns pooling off).
 
-    A cgroup is kept only when it holds no task and no child cgroup and is not frozen,
-    and its peak and OOM counters can be reset, so nothing of its last user reaches the
-    next one but reclaimable page cache. The pool is this process's: a forked child
-    starts with an empty one and never touches its parent's; they are removed at exit,
-    and `gc` removes them after a crash like any cgroup of a dead creator."""
+    A cgroup is kept only when it holds no task and no child cgroup, is not frozen,
+    has at most POOL_MAX_LEFTOVER bytes still charged (after one reclaim), and its peak,
+    OOM and CPU counters can be reset, so the next user counts only its own, plus that
+    little reclaimable memory. The releasing handle is dead from then on (its methods
+    raise CgroupError), and acquire() hands out a new one. The pool is this process's:
+    a forked child starts with an empty one and cannot act on its parent's cgroups;
+    they are removed at exit, and `gc` removes them after a crash like any cgroup of a
+    dead creator."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -995,7 +1094,7 @@ class _Pool:
         with self._lock:
             if sum(map(len, self._free.values())) >= size:
                 return False
-            self._free.setdefault(cg._pool_key, []).append(cg)
+            self._free.setdefault(cg._pool_key, []).append(cg._handoff())
         return True
 
     def paths(self) -> set[str]:

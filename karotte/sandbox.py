@@ -587,6 +587,10 @@ class _Core:
         forks racing it included, and lets init's exit complete only once all of them
         are reaped. The cgroup kill after it confirms the cgroup is empty (and, without
         a PID namespace to lean on, would freeze and kill by itself)."""
+        if self.cgroup is not None and not self.cgroup.owned_here():
+            # A forked child's copy: the cgroup is its creator's, which may have reused
+            # it for another sandbox by now; the pidfd still names this one's init.
+            self.cgroup = None
         if self.pidfd is not None:
             try:
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
@@ -601,7 +605,10 @@ class _Core:
             if not exited and self.cgroup is None:
                 raise SandboxError(f"init (pid {self.pid}) did not exit within {KILL_GRACE:g} s "
                                    "of SIGKILL; a process may be stuck in the kernel (state D)")
-            os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED)  # reap: init is our child
+            try:
+                os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED)  # reap: init is our child
+            except ChildProcessError:
+                pass  # a forked child's copy: init is its creator's to reap
             os.close(self.pidfd)
             self.pidfd = None
         self.mark_broken("the sandbox was killed")

@@ -565,7 +565,7 @@ def test_a_released_cgroup_is_reused_with_new_limits_and_nothing_of_its_last_use
     # Larger, then smaller again: on v1 memsw must never be below the memory limit.
     for memory, pids, cpus in ((192 * MiB, 17, 0.25), (48 * MiB, 9, 2.0)):
         again = pool(memory=memory, pids=pids, cpus=cpus)
-        assert again is cg and not cgroups.pooled_paths()
+        assert again.paths == cg.paths and not cgroups.pooled_paths()  # a new handle
         limits = _limit_files(again)
         assert limits["pids.max"] == str(pids)
         if again.version == 2:
@@ -625,6 +625,47 @@ def test_the_pool_is_bounded_off_at_zero_and_checked(lab, pool, monkeypatch):
     monkeypatch.setenv(cgroups.ENV_POOL, "many")
     with pytest.raises(ValueError, match=cgroups.ENV_POOL):
         pool()
+
+
+def test_a_released_handle_is_dead_so_it_cannot_touch_the_next_user(lab, pool):
+    first = pool()
+    first.release()
+    first.release()  # a second release does nothing: the pool holds it once
+    if not first.peak_resettable:
+        pytest.skip("v2 before Linux 6.12 keeps no cgroup (memory.peak cannot be reset)")
+    second, third = pool(), pool()
+    assert set(second.paths) == set(first.paths) and set(third.paths) != set(first.paths)
+    sleeper = lab.start(second, "print('up', flush=True)\nimport time\ntime.sleep(600)\n")
+    assert lab.line(sleeper) == "up"
+    for act in (first.kill_all, first.freeze, first.thaw, first.pids, first.memory_peak,
+                first.reset_memory_peak, first.oom_kills, first.cpu_seconds,
+                lambda: first.add(os.getpid()),
+                lambda: first.set_limits(CgroupLimits(16 * MiB, 1, 0.1))):
+        with pytest.raises(CgroupError, match="was released"):
+            act()
+    first.destroy()  # already released: nothing to do, and the new user's cgroup stays
+    assert sleeper.poll() is None and second.pids() == [sleeper.pid]
+
+
+def test_what_a_user_left_is_not_handed_on(lab, pool):
+    # CPU time, and memory still charged after the tasks are gone (here: a few hundred
+    # thousand negative dentries), must not reach the next user of the cgroup.
+    cg = pool()
+    busy = lab.start(cg, "import os, time\nt = time.process_time()\n"
+                         "while time.process_time() - t < 0.3: pass\n"
+                         "for i in range(400000):\n"
+                         "    try: os.stat(f'/usr/bin/no-such-file-{i}')\n"
+                         "    except OSError: pass\n")
+    assert busy.wait(timeout=120) == 0
+    assert cg.cpu_seconds() >= 0.3
+    cg.kill_all()
+    cg.release()
+    again = pool()
+    assert again.cpu_seconds() < 0.05
+    usage = again._memory_usage()
+    assert usage <= cgroups.POOL_MAX_LEFTOVER, usage
+    peak = again.memory_peak()
+    assert peak is None or peak <= cgroups.POOL_MAX_LEFTOVER
 
 
 POOL_AT_EXIT = """

@@ -432,3 +432,36 @@ def test_a_sandbox_on_a_reused_cgroup_gets_its_own_limits_and_none_of_the_last_u
             assert held.exit_code == 0 and not held.oom_killed, held
     finally:
         cgroups.drain_pool()
+
+
+def test_a_forked_copy_of_a_closed_sandbox_cannot_touch_the_sandbox_that_reuses_its_cgroup(
+        no_leaks, monkeypatch):
+    from karotte import cgroups
+    monkeypatch.setenv(cgroups.ENV_POOL, "1")
+    cgroups.drain_pool()
+    go_r, go_w = os.pipe()
+    try:
+        first = Sandbox()
+        paths, reusable = first._core.cgroup.paths, first._core.cgroup.peak_resettable
+        pid = os.fork()
+        if pid == 0:  # the trainer forked while `first` was live (multiprocessing, say)
+            code = 1
+            try:
+                os.read(go_r, 1)
+                first.close()  # its copy: the cgroup is the parent's, now second's
+                code = 0
+            finally:
+                os._exit(code)
+        first.close()
+        with Sandbox() as second:
+            assert (second._core.cgroup.paths == paths) == reusable
+            assert second.exec("sleep 600 & echo started").stdout == b"started\n"
+            os.write(go_w, b"x")
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+            assert second.exec(["echo", "alive"]).stdout == b"alive\n"
+            assert len(second.cgroup.pids()) == 2  # init and the sleep
+    finally:
+        os.close(go_r)
+        os.close(go_w)
+        cgroups.drain_pool()
