@@ -17,13 +17,12 @@
 #include "spawn.h"
 
 #include <errno.h>
-#include <linux/capability.h>
+#include <fcntl.h>
 #include <linux/sched.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -95,106 +94,118 @@ static long clone3_child_exec(struct clone_args *ca, long child_fd, const char *
     return rax;
 }
 
-/* The creator of a user namespace is its owner, and the kernel charges per-user
- * counts made inside it (inotify instances and watches, message-queue bytes, queued
- * signals, nested namespaces) to the creator's uid as well. Created by the trainer's
- * root, every sandbox would draw on root's pools (4 sandboxes took all 128 inotify
- * instances of this host's root, the trainer's included). So a root caller creates it
- * as owner_uid/owner_gid, unused host ids of the sandbox's own range. Raw syscalls:
- * they change the calling thread's credentials only, where glibc's setresuid would
- * change every thread of the trainer. The real and saved ids stay the caller's, so it
- * can take its effective ids back; fsuid goes back to the caller's at once, so that
- * CLONE_INTO_CGROUP's permission check sees the caller. */
-struct saved_ids {
-    long euid, egid;
-    int pdeathsig;
-    struct __user_cap_header_struct cap_header;
-    struct __user_cap_data_struct caps[2];
+/* Every clone3 runs in a thread of its own, created for it and ended after it, for two
+ * things that change the calling thread's state, which the trainer's threads must not
+ * see:
+ *
+ * - cgroup v1: the thread first moves itself into the sandbox's cgroups by writing "0"
+ *   to each hierarchy's `tasks` file, so the child starts in them. The kernel moves a
+ *   thread that moves itself without the global lock that writing another process's
+ *   pid to cgroup.procs takes for writing (cgroup_threadgroup_rwsem); on an idle
+ *   machine that lock waits for an RCU grace period, 7 to 14 ms here. A throwaway
+ *   thread is never the thread-group leader, whose memory cgroup would decide where
+ *   the whole trainer's memory is charged, and it never has to move back.
+ * - the user namespace's owner: the creator of a user namespace owns it, and the kernel
+ *   charges per-user counts made inside it (inotify instances and watches, message-queue
+ *   bytes, queued signals, nested namespaces) to the creator's uid as well. Created by
+ *   the trainer's root, every sandbox would draw on root's pools (4 sandboxes took all
+ *   128 inotify instances of this host's root, the trainer's included). So a root
+ *   caller's thread takes owner_uid/owner_gid, unused host ids of the sandbox's range,
+ *   as its effective ids for the clone3. Raw syscalls change this thread only (glibc's
+ *   setresuid would change every thread); fsuid stays the caller's, so that
+ *   CLONE_INTO_CGROUP's permission check sees the caller. The change of effective ids
+ *   also makes the process non-dumpable, and that stays so: the child shares the
+ *   trainer's memory until its exec, in a user namespace whose owner has every
+ *   capability over it; only a non-dumpable mm keeps the owner uid from attaching to it
+ *   (the child's own setresuid leaves the trainer non-dumpable anyway, as every spawn
+ *   did before). */
+struct spawn_job {
+    struct clone_args ca;
+    long child_fd;
+    const char *path;
+    char *const *argv;
+    char *const *envp;
+    const char *const *tasks;
+    int64_t owner_uid, owner_gid;
+    long result;
 };
 
-static int take_owner_ids(int64_t uid, int64_t gid, struct saved_ids *saved)
+static void *spawn_thread(void *arg)
 {
-    saved->euid = syscall(SYS_geteuid);
-    saved->egid = syscall(SYS_getegid);
-    saved->pdeathsig = 0;
-    prctl(PR_GET_PDEATHSIG, &saved->pdeathsig, 0, 0, 0);
-    saved->cap_header.version = _LINUX_CAPABILITY_VERSION_3;
-    saved->cap_header.pid = 0;
-    if (syscall(SYS_capget, &saved->cap_header, saved->caps) < 0)
-        return -errno;
-    if (syscall(SYS_setresgid, -1L, (long)gid, -1L) < 0)
-        return -errno;
-    if (syscall(SYS_setresuid, -1L, (long)uid, -1L) < 0) {
-        int err = errno;
-        syscall(SYS_setresgid, -1L, saved->egid, -1L);
-        return -err;
+    struct spawn_job *job = arg;
+    for (const char *const *t = job->tasks; t && *t; t++) {
+        int fd = open(*t, O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || write(fd, "0", 1) != 1) {
+            job->result = -errno;
+            if (fd >= 0)
+                close(fd);
+            return NULL;
+        }
+        close(fd);
     }
-    syscall(SYS_setfsuid, saved->euid);
-    syscall(SYS_setfsgid, saved->egid);
-    return 0;
-}
-
-static void give_back_ids(const struct saved_ids *saved)
-{
-    /* Cannot fail (the real and saved ids are the caller's); if it did, this thread
-     * would run the trainer's code under the wrong ids: stop instead. */
-    if (syscall(SYS_setresuid, -1L, saved->euid, -1L) < 0 ||
-        syscall(SYS_setresgid, -1L, saved->egid, -1L) < 0)
-        abort();
-    /* Taking euid 0 back made the effective capabilities the permitted ones: put back
-     * the set the thread had (it may have dropped some). */
-    if (syscall(SYS_capset, &saved->cap_header, saved->caps) < 0)
-        abort();
-    /* The id change reset the thread's parent-death signal: put it back. It also made
-     * the process non-dumpable, and that stays: the child shares our memory until its
-     * exec, in a user namespace whose owner has every capability over it, so only a
-     * non-dumpable mm keeps the owner uid from attaching to it (the child's own setresuid
-     * leaves the trainer non-dumpable anyway, as every spawn did before). */
-    prctl(PR_SET_PDEATHSIG, saved->pdeathsig, 0, 0, 0);
+    if (job->owner_uid >= 0) {
+        long fsuid = syscall(SYS_setfsuid, -1L), fsgid = syscall(SYS_setfsgid, -1L);
+        if (syscall(SYS_setresgid, -1L, (long)job->owner_gid, -1L) < 0 ||
+            syscall(SYS_setresuid, -1L, (long)job->owner_uid, -1L) < 0) {
+            job->result = -errno;
+            return NULL;
+        }
+        syscall(SYS_setfsuid, fsuid);
+        syscall(SYS_setfsgid, fsgid);
+    }
+    job->result = clone3_child_exec(&job->ca, job->child_fd, job->path, job->argv, job->envp);
+    return NULL;
 }
 
 int karotte_spawn(const char *path, char *const argv[], char *const envp[],
-                  int child_fd, int cgroup_fd, uint64_t ns_flags, int64_t owner_uid,
-                  int64_t owner_gid, int *pidfd_out)
+                  int child_fd, int cgroup_fd, char *const tasks[], uint64_t ns_flags,
+                  int64_t owner_uid, int64_t owner_gid, int *pidfd_out)
 {
     int pidfd = -1;
-    struct clone_args ca;
-    struct saved_ids saved;
+    struct spawn_job job;
+    pthread_t thread;
+    pthread_attr_t attr;
     sigset_t all, old;
-    long ret;
+    int err;
 
     /* dup3 to the same number fails with EINVAL; the caller must pick another fd. */
     if (child_fd == KAROTTE_CHILD_FD || child_fd < 0)
         return -EBADF;
 
-    memset(&ca, 0, sizeof(ca));
-    ca.flags = CLONE_VM | CLONE_PIDFD | ns_flags;
-    ca.pidfd = (uint64_t)(uintptr_t)&pidfd;
-    ca.exit_signal = SIGCHLD;
+    memset(&job, 0, sizeof(job));
+    job.ca.flags = CLONE_VM | CLONE_PIDFD | ns_flags;
+    job.ca.pidfd = (uint64_t)(uintptr_t)&pidfd;
+    job.ca.exit_signal = SIGCHLD;
     if (cgroup_fd >= 0) {
-        ca.flags |= CLONE_INTO_CGROUP;
-        ca.cgroup = (uint64_t)cgroup_fd;
+        job.ca.flags |= CLONE_INTO_CGROUP;
+        job.ca.cgroup = (uint64_t)cgroup_fd;
     }
+    job.child_fd = child_fd;
+    job.path = path;
+    job.argv = argv;
+    job.envp = envp;
+    job.tasks = (const char *const *)tasks;
+    job.owner_uid = owner_uid;
+    job.owner_gid = owner_gid;
 
-    /* A signal handler running in the child would write to the parent's stack; block
-     * everything across the clone. The child keeps the full mask through exec, and
-     * karotte-init sets its own. (SIGKILL and SIGSTOP use no user stack.) */
+    /* A signal handler running in the child would write to the parent's stack; the
+     * thread starts with every signal blocked (it inherits this mask) and the child
+     * keeps the full mask through exec; karotte-init sets its own. (SIGKILL and
+     * SIGSTOP use no user stack.) */
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    if (owner_uid >= 0) {
-        ret = take_owner_ids(owner_uid, owner_gid, &saved);
-        if (ret < 0) {
-            pthread_sigmask(SIG_SETMASK, &old, NULL);
-            return (int)ret;
-        }
-    }
-    ret = clone3_child_exec(&ca, child_fd, path, argv, envp);
-    if (owner_uid >= 0)
-        give_back_ids(&saved);
+    err = pthread_attr_init(&attr);
+    if (!err)
+        err = pthread_attr_setstacksize(&attr, 64 * 1024);
+    if (!err)
+        err = pthread_create(&thread, &attr, spawn_thread, &job);
+    pthread_attr_destroy(&attr);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-
-    if (ret < 0)
-        return (int)ret;
+    if (err)
+        return -err;
+    pthread_join(thread, NULL);
+    if (job.result < 0)
+        return (int)job.result;
     *pidfd_out = pidfd;
-    return (int)ret;
+    return (int)job.result;
 }

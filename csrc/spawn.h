@@ -14,11 +14,13 @@
  * id maps are written), then becomes root of its user namespace, moves child_fd to
  * fd 3 and execs path. Every other fd the caller holds is closed by karotte-init
  * before it reads anything.
+ * tasks: NULL, or a NULL-terminated list of cgroup v1 `tasks` files to start the child
+ * in (the clone3 runs in a thread of its own, which first moves itself there).
  * owner_uid, owner_gid: when >= 0 (a root caller), the host ids that create and own the
- * new user namespace, in place of the caller's: the calling thread alone takes them as
- * its effective ids for the clone3 (-EPERM if it cannot), and gets its own back after. */
+ * new user namespace, in place of the caller's: that thread takes them as its effective
+ * ids for the clone3 (-EPERM if it cannot). The caller's own thread changes in nothing. */
 int karotte_spawn(const char *path, char *const argv[], char *const envp[],
-                  int child_fd, int cgroup_fd, uint64_t ns_flags, int64_t owner_uid,
-                  int64_t owner_gid, int *pidfd_out);
+                  int child_fd, int cgroup_fd, char *const tasks[], uint64_t ns_flags,
+                  int64_t owner_uid, int64_t owner_gid, int *pidfd_out);
 
 #endif

@@ -9,8 +9,8 @@ ffibuilder.cdef(
     """
     #define KAROTTE_CHILD_FD ...
     int karotte_spawn(const char *path, char *const argv[], char *const envp[],
-                      int child_fd, int cgroup_fd, uint64_t ns_flags, int64_t owner_uid,
-                      int64_t owner_gid, int *pidfd_out);
+                      int child_fd, int cgroup_fd, char *const tasks[], uint64_t ns_flags,
+                      int64_t owner_uid, int64_t owner_gid, int *pidfd_out);
     """
 )
 ffibuilder.set_source(

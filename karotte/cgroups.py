@@ -405,7 +405,12 @@ class Cgroup:
 
     def clone_fd(self) -> int | None:
         """v2: an O_DIRECTORY fd of the cgroup for clone3(CLONE_INTO_CGROUP), owned by this
-        object and closed by destroy(); v1: None (write the pid with add() instead)."""
+        object and closed by destroy(); v1: None (see tasks_files())."""
+        return None
+
+    def tasks_files(self) -> list[str] | None:
+        """v1: the `tasks` file of each hierarchy, for a thread that moves itself in
+        before it clones (native.spawn_init); v2: None (see clone_fd())."""
         return None
 
     def populated(self) -> bool:
@@ -723,6 +728,10 @@ class _V1Cgroup(Cgroup):
 
     def _file(self, controller: str, name: str) -> str:
         return os.path.join(self._dirs[controller], name)
+
+    def tasks_files(self) -> list[str] | None:
+        self._check_live()
+        return [os.path.join(path, "tasks") for path in self.paths]
 
     def populated(self) -> bool:
         return bool(self.pids())

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Sequence
 
 from .errors import SandboxError
 from .seccomp import (CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID,
@@ -24,9 +25,12 @@ ALL_NAMESPACES = (CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CL
 _INIT_ARGV = [ffi.new("char[]", b"karotte-init"), ffi.NULL]
 
 
-def spawn_init(child_fd: int, cgroup_fd: int | None,
+def spawn_init(child_fd: int, cgroup_fd: int | None, tasks: Sequence[str] | None = None,
                owner: tuple[int, int] | None = None) -> tuple[int, int, object]:
     """Start karotte-init in fresh namespaces; child_fd becomes its fd 3.
+
+    cgroup_fd: a cgroup v2 directory to start it in (CLONE_INTO_CGROUP); tasks: the
+    `tasks` files of the cgroup v1 hierarchies to start it in.
 
     owner: (uid, gid) on the host that create, and so own, the user namespace, in place
     of the caller (which must be root to take them); the kernel charges per-user counts
@@ -44,8 +48,10 @@ def spawn_init(child_fd: int, cgroup_fd: int | None,
     envp = ffi.new("char *[]", [ffi.NULL])
     pidfd = ffi.new("int *", -1)
     owner_uid, owner_gid = owner if owner is not None else (-1, -1)
+    task_paths = [ffi.new("char[]", os.fsencode(t)) for t in tasks or ()]
+    task_list = ffi.new("char *[]", [*task_paths, ffi.NULL]) if tasks else ffi.NULL
     rc = lib.karotte_spawn(path, argv, envp, child_fd,
-                           -1 if cgroup_fd is None else cgroup_fd, ALL_NAMESPACES,
+                           -1 if cgroup_fd is None else cgroup_fd, task_list, ALL_NAMESPACES,
                            owner_uid, owner_gid, pidfd)
     if rc < 0:
         raise OSError(-rc, os.strerror(-rc))

@@ -430,18 +430,17 @@ class _Core:
                 try:
                     self.pid, self.pidfd, self._spawn_args = native.spawn_init(
                         child.fileno(), self.cgroup and self.cgroup.clone_fd(),
-                        ident.ns_owner())
+                        self.cgroup and self.cgroup.tasks_files(), ident.ns_owner())
                 except OSError as exc:
                     raise _spawn_error(exc) from exc
             finally:
                 child.close()
-            # The child waits for the go: ids and cgroup must be in place before it.
+            # The child waits for the go: its ids must be in place before it. It starts
+            # in its cgroup (v2: CLONE_INTO_CGROUP; v1: cloned by a thread moved there).
             if ident.deny_setgroups:
                 _write_proc(self.pid, "setgroups", "deny")
             _write_proc(self.pid, "uid_map", ident.uid_map)
             _write_proc(self.pid, "gid_map", ident.gid_map)
-            if self.cgroup is not None and self.cgroup.clone_fd() is None:
-                self.cgroup.add(self.pid)
             self.send(p.Message(p.GO).to_bytes(), [])
             self.send(_config_message(spec, ident), [])
         except BaseException as exc:

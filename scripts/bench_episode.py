@@ -59,7 +59,7 @@ from bench_sandbox import (Goal, PhaseTimer, Series, Stats, machine,  # noqa: E4
 
 try:
     import bench_envs  # noqa: E402
-    from karotte import cgroups, custody, episode, grading  # noqa: E402
+    from karotte import cgroups, custody, episode, grading, native  # noqa: E402
     from karotte.episode import AsyncEpisode, Episode, Outcome, set_concurrency  # noqa: E402
     from karotte.sandbox import Sandbox  # noqa: E402
     from karotte.spec import Bind, GiB  # noqa: E402
@@ -191,7 +191,7 @@ def _timer_targets() -> list[tuple[str, object, str]]:
         ("serve", grading, "_serve"),
         ("cgroup create", cgroups, "create"),
         ("cgroup destroy", cgroups.Cgroup, "destroy"),
-        ("cgroup attach", cgroups.Cgroup, "add"),
+        ("cgroup attach", native, "spawn_init"),
     ]
 
 
@@ -207,7 +207,7 @@ def _outside(spans, containers) -> list[tuple[int, int]]:
     return [(s, e) for s, e in spans if not any(a <= s and e <= b for a, b in containers)]
 
 
-ATTACH = "of which the cgroup v1 attach (Cgroup.add)"
+ATTACH = "of which the clone3, from a thread in the sandbox's cgroup (spawn_init)"
 # The grader's exec, cut at: exec sent, bench_envs imported, grade() called, grade()
 # returned, verdict received by the host, exec returned.
 GRADER_SPLIT = (
@@ -256,7 +256,7 @@ def _attribute(events, phases: dict, outcome: Outcome, stamps: dict,
     out["reset: agent sandbox create"] = create
     out["reset: task files (tar -x in the sandbox)"] = files
     out["reset: rest (prompt, tarball)"] = phases["reset"] - create - files
-    if _spans(events, "cgroup attach", r0, r1):  # v1 only: v2 clones into the cgroup
+    if _spans(events, "cgroup attach", r0, r1):
         out[f"reset: {ATTACH}"] = total("cgroup attach", r0, r1)
 
     custody_spans = _spans(events, "take_custody", f0, f1)

@@ -1058,7 +1058,8 @@ def _phase_targets() -> list[tuple[str, object, str]]:
         ("create: cgroup backend probe (detect)", cgroups, "detect"),
         ("create: cgroup from the pool or new, limits written (acquire)", cgroups, "acquire"),
         ("create: cgroup mkdir + limits (create, when the pool is empty)", cgroups, "create"),
-        ("create: clone3 of init (spawn_init)", ksandbox.native, "spawn_init"),
+        ("create: clone3 of init, from a thread in the sandbox's cgroup (spawn_init)",
+         ksandbox.native, "spawn_init"),
         ("create: uid/gid maps (_write_proc)", ksandbox, "_write_proc"),
         ("create: config message build", ksandbox, "_config_message"),
         ("channel send", core, "send"),
@@ -1073,7 +1074,6 @@ def _phase_targets() -> list[tuple[str, object, str]]:
         ("destroy: cgroup back to the pool or rmdir (Cgroup.release)", cgroups.Cgroup,
          "release"),
         ("destroy: cgroup rmdir (Cgroup.destroy, when not pooled)", cgroups.Cgroup, "destroy"),
-        ("cgroup: add pid (v1)", cgroups.Cgroup, "add"),
     ]
     targets.append(("cgroup: SIGKILL of listed tasks (_sigkill_members)", cgroups,
                     "_sigkill_members"))

@@ -465,3 +465,29 @@ def test_a_forked_copy_of_a_closed_sandbox_cannot_touch_the_sandbox_that_reuses_
         os.close(go_r)
         os.close(go_w)
         cgroups.drain_pool()
+
+
+@pytest.mark.cgroup2
+def test_init_starts_in_its_cgroup_in_every_hierarchy_and_the_trainer_stays_where_it_was(
+        no_leaks):
+    # v2: CLONE_INTO_CGROUP. v1: the clone3 runs in a thread of its own that first moves
+    # itself into the sandbox's cgroups; the trainer's threads must not move, and none
+    # may be left over.
+    def where(path: str) -> dict[str, str]:
+        return {line.split(":")[1]: line.split(":", 2)[2].strip()
+                for line in open(path).read().splitlines()}
+
+    def trainer_threads() -> dict[str, dict[str, str]]:
+        return {tid: where(f"/proc/self/task/{tid}/cgroup")
+                for tid in os.listdir("/proc/self/task")}
+
+    before = trainer_threads()
+    with Sandbox() as sb:
+        name = sb.cgroup.name
+        inside = where(f"/proc/{sb.init_pid}/cgroup")
+        hierarchies = (("",) if sb.cgroup.version == 2 else
+                       ("memory", "pids", "cpu", "cpuacct", "cpu,cpuacct", "freezer"))
+        ours = {k: v for k, v in inside.items() if k in hierarchies}
+        assert ours and all(os.path.basename(v) == name for v in ours.values()), inside
+        assert sb.exec(["true"]).exit_code == 0
+    assert trainer_threads() == before
