@@ -648,13 +648,14 @@ def test_a_released_handle_is_dead_so_it_cannot_touch_the_next_user(lab, pool):
 
 
 def test_what_a_user_left_is_not_handed_on(lab, pool):
-    # CPU time, and memory still charged after the tasks are gone (here: a few hundred
-    # thousand negative dentries), must not reach the next user of the cgroup.
+    # CPU time, and memory still charged after the tasks are gone (here: 100,000
+    # negative dentries, 20 MB), must not reach the next user of the cgroup.
     cg = pool()
     busy = lab.start(cg, "import os, time\nt = time.process_time()\n"
                          "while time.process_time() - t < 0.3: pass\n"
-                         "for i in range(400000):\n"
-                         "    try: os.stat(f'/usr/bin/no-such-file-{i}')\n"
+                         "tag = os.urandom(8).hex()  # new names: new dentries\n"
+                         "for i in range(100000):\n"
+                         "    try: os.stat(f'/usr/bin/no-such-file-{tag}-{i}')\n"
                          "    except OSError: pass\n")
     assert busy.wait(timeout=120) == 0
     assert cg.cpu_seconds() >= 0.3
