@@ -922,7 +922,7 @@ int main(void)
          * bounding set, so there agent_child does both itself. */
         drop_bounding_set();
         if (cfg.filter_len && load_filter() < 0)
-            setup_fail("load the seccomp filter");
+            setup_fail("load seccomp filter");
     }
 
     /* Hand the host a directory fd of the workspace: it keeps the tmpfs reachable

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import json
 import os
 import platform
 import pwd
+import struct
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -46,6 +48,8 @@ PROBE_SPEC = SandboxSpec(memory=96 * MiB, pids=24, cpus=0.5, timeout=10.0, disk=
 
 _BUG = "this is a bug in Karotte, not in the host: report it with `karotte-sandbox check --json`"
 
+NS_GET_OWNER_UID = 0xB704  # ioctl on a user namespace fd: _IO(0xb7, 0x4)
+
 # Every line of `check`, in order: name -> part of the default protections.
 PROTECTIONS: dict[str, bool] = {
     "user-namespace": True,
@@ -60,6 +64,7 @@ PROTECTIONS: dict[str, bool] = {
     "capabilities-dropped": True,
     "unprivileged-agent-uid": True,
     "separate-host-uid": False,
+    "own-userns-owner": False,
     "new-session": True,
     "closed-fds": True,
     "cgroup-memory": True,
@@ -337,6 +342,7 @@ class _Evidence:
     inside: dict | None = None
     inside_error: str | None = None
     agent_host_uid: int | None = None
+    userns_owner: int | None = None  # host uid that owns the sandbox's user namespace
     init_pidfd_errno: int | None = None
     kill_before: int | None = None  # tasks in the cgroup before kill_all()
     kill_after: int | None = None
@@ -440,6 +446,7 @@ def _run_sandbox() -> _Evidence | _Failure:
                 ev.init_pidfd_errno = 0
             except OSError as exc:
                 ev.init_pidfd_errno = exc.errno
+            ev.userns_owner = _userns_owner(sb.init_pid)
             _run_inside(sb, ev)
             if cg is not None:
                 _kill_with_background(sb, cg, ev)
@@ -448,6 +455,20 @@ def _run_sandbox() -> _Evidence | _Failure:
             ev.inside_error = ev.inside_error or f"the probe sandbox failed: {exc}"
             ev.kill_error = ev.kill_error or f"the probe sandbox failed: {exc}"
     return ev
+
+
+def _userns_owner(pid: int) -> int | None:
+    """The host uid that owns process pid's user namespace (NS_GET_OWNER_UID)."""
+    try:
+        fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return struct.unpack("I", fcntl.ioctl(fd, NS_GET_OWNER_UID, b"\0" * 4))[0]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _read_cgroup(sb, cg: cgroups.Cgroup, ev: _Evidence) -> None:
@@ -717,6 +738,33 @@ class _Judge:
         return self.line(name, True, f"the agent's host uid {host_uid} ({host_uid:#x}) is not "
                          f"the caller's ({self.host.euid}) and is {_account(host_uid)}")
 
+    def own_userns_owner(self) -> Protection:
+        name = "own-userns-owner"
+        how = ("as root, each sandbox's user namespace is created by a host uid of its own, "
+               "so per-user kernel counts made inside (inotify instances, message-queue bytes, "
+               "queued signals) are charged to it, not to the caller")
+        owner = self.ev.userns_owner if self.ev else None
+        if not self.host.root:
+            return self.line(
+                name, False, how,
+                f"running as uid {self.host.euid}: only the caller can create the sandbox's user "
+                f"namespace, so what an agent takes of the per-user pools (inotify instances, "
+                f"message queues, queued signals) is taken from uid {self.host.euid}'s; each "
+                f"sandbox is capped, but many together can fill them",
+                "run Karotte as root, or as a dedicated account whose per-user pools nothing "
+                "else needs")
+        missing = self.untested(name, how)
+        if missing:
+            return missing
+        if owner is None:
+            return self.line(name, False, how, "NS_GET_OWNER_UID on init's user namespace failed")
+        if owner in (0, self.host.euid):
+            return self.line(name, False, how, f"the sandbox's user namespace is owned by host "
+                             f"uid {owner}, the caller's")
+        return self.line(name, True, f"the sandbox's user namespace is owned by host uid "
+                         f"{owner} ({owner:#x}), not the caller's ({self.host.euid}); that uid "
+                         f"is {_account(owner)}")
+
     def new_session(self) -> Protection:
         how = "setsid() before exec: no controlling tty shared with the host"
         missing = self.untested("new-session", how)
@@ -945,7 +993,8 @@ class _Judge:
             need = ".".join(map(str, CLONE_INTO_CGROUP_KERNEL))
             place = f"CLONE_INTO_CGROUP (Linux {need}+) put init in its cgroup"
         else:
-            place = "on cgroup v1 the host wrote init to cgroup.procs before it ran"
+            place = ("on cgroup v1 the clone3 ran in a thread that had moved itself into the "
+                     "sandbox's cgroups, so init started in them")
         return self.line("clone3", True, f"clone3 spawned init in every namespace; {place}")
 
     def all(self) -> tuple[Protection, ...]:
@@ -960,6 +1009,7 @@ class _Judge:
                     "seccomp": "seccomp", "no-new-privs": "no_new_privs",
                     "capabilities-dropped": "capabilities", "unprivileged-agent-uid": "agent_uid",
                     "separate-host-uid": "separate_host_uid", "new-session": "new_session",
+                    "own-userns-owner": "own_userns_owner",
                     "closed-fds": "closed_fds", "disk-quota": "disk_quota", "rlimits": "rlimits",
                     "mount-setattr": "mount_setattr", "pidfd": "pidfd", "clone3": "clone3",
                 }[name])())

@@ -179,6 +179,8 @@ def _expected_evidence() -> dict[str, list[str]]:
                                    f"{DEFAULT_UID_BASE + AGENT_UID:#x}",
                                    "owned by no host account"],
         "separate-host-uid": [f"{DEFAULT_UID_BASE + AGENT_UID:#x}", "not the caller's (0)"],
+        "own-userns-owner": ["user namespace is owned by host uid", "not the caller's (0)",
+                             "owned by no host account"],
         "new-session": ["its own session"],
         "closed-fds": ["fds 0-2 only"],
         "cgroup-memory": [("memory.limit_in_bytes" if v1 else "memory.max")
@@ -195,7 +197,7 @@ def _expected_evidence() -> dict[str, list[str]]:
         "mount-setattr": ["host binds are ro,nosuid,nodev", "device nodes nosuid"],
         "pidfd": ["pidfd_open works", "held by a pidfd"],
         "clone3": ["clone3 spawned init in every namespace",
-                   "wrote init to cgroup.procs before it ran" if v1 else "CLONE_INTO_CGROUP"],
+                   "init started in them" if v1 else "CLONE_INTO_CGROUP"],
     }
 
 
@@ -276,9 +278,15 @@ def test_unprivileged_caller_is_told_the_agent_runs_as_its_own_host_uid(delegate
     assert f"uid {NOBODY}, the caller's own" in agent["how"]
     assert "uid_map inside: 1000 0 1" in lines["user-namespace"]["how"]  # nested namespace
 
+    owner = lines["own-userns-owner"]
+    assert owner["enforced"] is False and owner["default"] is False
+    assert f"taken from uid {NOBODY}'s" in owner["why_not"] and "run Karotte as root" in owner["fix"]
+
     text = check(as_nobody=True, KAROTTE_CGROUP_PARENT=delegated_parent)
     assert status_column(text.stdout)["separate-host-uid"] == "off"
-    assert "caveats (not default protections): separate-host-uid" in text.stdout
+    assert status_column(text.stdout)["own-userns-owner"] == "off"
+    assert ("caveats (not default protections): separate-host-uid, own-userns-owner"
+            in text.stdout)
 
 
 @needs_nobody
