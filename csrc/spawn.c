@@ -126,13 +126,34 @@ struct spawn_job {
     char *const *argv;
     char *const *envp;
     const char *const *tasks;
+    const char *freezer_state;
     int64_t owner_uid, owner_gid;
     long result;
+    int step;
 };
+
+/* A v1 freezer cgroup that is frozen, or being frozen through a parent, would stop
+ * the thread the moment it moved in, and the caller with it, in pthread_join. */
+static int thawed(const char *state_file)
+{
+    char buf[16] = {0};
+    int fd = open(state_file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    int err = errno;
+    close(fd);
+    if (n < 0)
+        return -err;
+    return strncmp(buf, "THAWED", 6) == 0 ? 0 : -EBUSY;
+}
 
 static void *spawn_thread(void *arg)
 {
     struct spawn_job *job = arg;
+    job->step = KAROTTE_STEP_CGROUP;
+    if (job->freezer_state && (job->result = thawed(job->freezer_state)) < 0)
+        return NULL;
     for (const char *const *t = job->tasks; t && *t; t++) {
         int fd = open(*t, O_WRONLY | O_CLOEXEC);
         if (fd < 0 || write(fd, "0", 1) != 1) {
@@ -145,6 +166,7 @@ static void *spawn_thread(void *arg)
     }
     if (job->owner_uid >= 0) {
         long fsuid = syscall(SYS_setfsuid, -1L), fsgid = syscall(SYS_setfsgid, -1L);
+        job->step = KAROTTE_STEP_OWNER;
         if (syscall(SYS_setresgid, -1L, (long)job->owner_gid, -1L) < 0 ||
             syscall(SYS_setresuid, -1L, (long)job->owner_uid, -1L) < 0) {
             job->result = -errno;
@@ -153,18 +175,19 @@ static void *spawn_thread(void *arg)
         syscall(SYS_setfsuid, fsuid);
         syscall(SYS_setfsgid, fsgid);
     }
+    job->step = KAROTTE_STEP_CLONE;
     job->result = clone3_child_exec(&job->ca, job->child_fd, job->path, job->argv, job->envp);
     return NULL;
 }
 
 int karotte_spawn(const char *path, char *const argv[], char *const envp[],
-                  int child_fd, int cgroup_fd, char *const tasks[], uint64_t ns_flags,
-                  int64_t owner_uid, int64_t owner_gid, int *pidfd_out)
+                  int child_fd, int cgroup_fd, char *const tasks[], const char *freezer_state,
+                  uint64_t ns_flags, int64_t owner_uid, int64_t owner_gid, int *pidfd_out,
+                  int *step_out)
 {
     int pidfd = -1;
     struct spawn_job job;
     pthread_t thread;
-    pthread_attr_t attr;
     sigset_t all, old;
     int err;
 
@@ -185,6 +208,7 @@ int karotte_spawn(const char *path, char *const argv[], char *const envp[],
     job.argv = argv;
     job.envp = envp;
     job.tasks = (const char *const *)tasks;
+    job.freezer_state = freezer_state;
     job.owner_uid = owner_uid;
     job.owner_gid = owner_gid;
 
@@ -194,16 +218,15 @@ int karotte_spawn(const char *path, char *const argv[], char *const envp[],
      * SIGSTOP use no user stack.) */
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    err = pthread_attr_init(&attr);
-    if (!err)
-        err = pthread_attr_setstacksize(&attr, 64 * 1024);
-    if (!err)
-        err = pthread_create(&thread, &attr, spawn_thread, &job);
-    pthread_attr_destroy(&attr);
+    /* The default stack: it is only reserved, and glibc places static TLS in it, which
+     * a preloaded library can make large. */
+    *step_out = KAROTTE_STEP_THREAD;
+    err = pthread_create(&thread, NULL, spawn_thread, &job);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (err)
         return -err;
     pthread_join(thread, NULL);
+    *step_out = job.step;
     if (job.result < 0)
         return (int)job.result;
     *pidfd_out = pidfd;

@@ -15,12 +15,20 @@
  * fd 3 and execs path. Every other fd the caller holds is closed by karotte-init
  * before it reads anything.
  * tasks: NULL, or a NULL-terminated list of cgroup v1 `tasks` files to start the child
- * in (the clone3 runs in a thread of its own, which first moves itself there).
+ * in (the clone3 runs in a thread of its own, which first moves itself there);
+ * freezer_state: NULL, or the freezer.state file of that cgroup, which must read THAWED.
  * owner_uid, owner_gid: when >= 0 (a root caller), the host ids that create and own the
  * new user namespace, in place of the caller's: that thread takes them as its effective
  * ids for the clone3 (-EPERM if it cannot). The caller's own thread changes in nothing. */
 int karotte_spawn(const char *path, char *const argv[], char *const envp[],
-                  int child_fd, int cgroup_fd, char *const tasks[], uint64_t ns_flags,
-                  int64_t owner_uid, int64_t owner_gid, int *pidfd_out);
+                  int child_fd, int cgroup_fd, char *const tasks[], const char *freezer_state,
+                  uint64_t ns_flags, int64_t owner_uid, int64_t owner_gid, int *pidfd_out,
+                  int *step_out);
+
+/* Which step failed, in *step_out when karotte_spawn returns -errno. */
+#define KAROTTE_STEP_THREAD 1 /* pthread_create */
+#define KAROTTE_STEP_CGROUP 2 /* the v1 freezer was not THAWED (EBUSY), or a tasks write */
+#define KAROTTE_STEP_OWNER 3  /* taking the namespace owner ids */
+#define KAROTTE_STEP_CLONE 4  /* clone3 itself */
 
 #endif

@@ -8,9 +8,14 @@ ffibuilder = FFI()
 ffibuilder.cdef(
     """
     #define KAROTTE_CHILD_FD ...
+    #define KAROTTE_STEP_THREAD ...
+    #define KAROTTE_STEP_CGROUP ...
+    #define KAROTTE_STEP_OWNER ...
+    #define KAROTTE_STEP_CLONE ...
     int karotte_spawn(const char *path, char *const argv[], char *const envp[],
-                      int child_fd, int cgroup_fd, char *const tasks[], uint64_t ns_flags,
-                      int64_t owner_uid, int64_t owner_gid, int *pidfd_out);
+                      int child_fd, int cgroup_fd, char *const tasks[],
+                      const char *freezer_state, uint64_t ns_flags, int64_t owner_uid,
+                      int64_t owner_gid, int *pidfd_out, int *step_out);
     """
 )
 ffibuilder.set_source(

@@ -25,12 +25,27 @@ ALL_NAMESPACES = (CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CL
 _INIT_ARGV = [ffi.new("char[]", b"karotte-init"), ffi.NULL]
 
 
+class SpawnError(OSError):
+    """karotte_spawn failed; `step` says where: one of the STEP_* names."""
+
+    def __init__(self, err: int, step: str):
+        super().__init__(err, os.strerror(err))
+        self.step = step
+
+
+STEP_THREAD, STEP_CGROUP, STEP_OWNER, STEP_CLONE = "thread", "cgroup", "owner", "clone3"
+_STEPS = {lib.KAROTTE_STEP_THREAD: STEP_THREAD, lib.KAROTTE_STEP_CGROUP: STEP_CGROUP,
+          lib.KAROTTE_STEP_OWNER: STEP_OWNER, lib.KAROTTE_STEP_CLONE: STEP_CLONE}
+
+
 def spawn_init(child_fd: int, cgroup_fd: int | None, tasks: Sequence[str] | None = None,
+               freezer_state: str | None = None,
                owner: tuple[int, int] | None = None) -> tuple[int, int, object]:
     """Start karotte-init in fresh namespaces; child_fd becomes its fd 3.
 
     cgroup_fd: a cgroup v2 directory to start it in (CLONE_INTO_CGROUP); tasks: the
-    `tasks` files of the cgroup v1 hierarchies to start it in.
+    `tasks` files of the cgroup v1 hierarchies to start it in, and freezer_state the v1
+    freezer.state file, which must read THAWED.
 
     owner: (uid, gid) on the host that create, and so own, the user namespace, in place
     of the caller (which must be root to take them); the kernel charges per-user counts
@@ -38,7 +53,7 @@ def spawn_init(child_fd: int, cgroup_fd: int | None, tasks: Sequence[str] | None
 
     Returns (pid, pidfd, keepalive). The child reads its exec arguments from our
     memory until it execs, after the go message: hold keepalive until init has
-    answered (or the child is dead). Raises OSError with the kernel's errno.
+    answered (or the child is dead). Raises SpawnError with the kernel's errno.
     """
     if not os.access(INIT_PATH, os.X_OK):
         raise SandboxError(f"{INIT_PATH} is missing or not executable; rebuild with "
@@ -50,9 +65,11 @@ def spawn_init(child_fd: int, cgroup_fd: int | None, tasks: Sequence[str] | None
     owner_uid, owner_gid = owner if owner is not None else (-1, -1)
     task_paths = [ffi.new("char[]", os.fsencode(t)) for t in tasks or ()]
     task_list = ffi.new("char *[]", [*task_paths, ffi.NULL]) if tasks else ffi.NULL
+    state = ffi.new("char[]", os.fsencode(freezer_state)) if freezer_state else ffi.NULL
+    step = ffi.new("int *", 0)
     rc = lib.karotte_spawn(path, argv, envp, child_fd,
-                           -1 if cgroup_fd is None else cgroup_fd, task_list, ALL_NAMESPACES,
-                           owner_uid, owner_gid, pidfd)
+                           -1 if cgroup_fd is None else cgroup_fd, task_list, state,
+                           ALL_NAMESPACES, owner_uid, owner_gid, pidfd, step)
     if rc < 0:
-        raise OSError(-rc, os.strerror(-rc))
+        raise SpawnError(-rc, _STEPS.get(step[0], STEP_CLONE))
     return rc, pidfd[0], (path, argv, envp)

@@ -96,8 +96,9 @@ os.register_at_fork(after_in_child=_forget_owner_start)
 @lru_cache(maxsize=4)
 def _check_reserved_ids(base: int) -> None:
     """The host ids Karotte takes as root, [base, base + 65536 + NS_OWNERS), must fit in
-    32 bits and belong to no local account or group (an account with one of them could
-    enter sandboxes)."""
+    32 bits and belong to no local account or group, nor to any user's subordinate ids
+    (/etc/subuid, /etc/subgid): a process running as one of them could signal, trace or
+    enter sandboxes."""
     top = base + 65536 + NS_OWNERS
     if base < 1 or top > 0xFFFF_FFFF:
         raise HostUnsupported("uid range", f"KAROTTE_UID_BASE {base:#x} leaves no room for the "
@@ -116,6 +117,22 @@ def _check_reserved_ids(base: int) -> None:
                     "uid range", f"{table} has {fields[0]!r} with id {fields[2]}, inside the "
                     f"host ids Karotte uses as root ({base:#x}-{top - 1:#x}): that account "
                     f"could enter sandboxes; set KAROTTE_UID_BASE to a free range")
+    for table in ("/etc/subuid", "/etc/subgid"):
+        try:
+            with open(table, encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            fields = line.split(":")
+            if len(fields) == 3 and fields[1].isdigit() and fields[2].isdigit():
+                first, count = int(fields[1]), int(fields[2])
+                if first < top and base < first + count:
+                    raise HostUnsupported(
+                        "uid range", f"{table} gives {fields[0]!r} the ids {first:#x}-"
+                        f"{first + count - 1:#x}, which overlap the host ids Karotte uses as "
+                        f"root ({base:#x}-{top - 1:#x}): that user's containers could run as "
+                        f"sandbox ids; set KAROTTE_UID_BASE to a free range")
 
 
 def _identity() -> _Identity:
@@ -427,16 +444,20 @@ class _Core:
                     child_fd = os.dup(child_fd)  # dup3 onto itself would fail
                     child.close()
                     child = socket.socket(fileno=child_fd)
+                cg = self.cgroup
                 try:
                     self.pid, self.pidfd, self._spawn_args = native.spawn_init(
-                        child.fileno(), self.cgroup and self.cgroup.clone_fd(),
-                        self.cgroup and self.cgroup.tasks_files(), ident.ns_owner())
-                except OSError as exc:
-                    raise _spawn_error(exc) from exc
+                        child.fileno(), cg and cg.clone_fd(), cg and cg.tasks_files(),
+                        cg and cg.freezer_state_file(), ident.ns_owner())
+                except native.SpawnError as exc:
+                    raise _spawn_error(exc, cg) from exc
             finally:
                 child.close()
             # The child waits for the go: its ids must be in place before it. It starts
-            # in its cgroup (v2: CLONE_INTO_CGROUP; v1: cloned by a thread moved there).
+            # in its cgroup (v2: CLONE_INTO_CGROUP; v1: cloned by a thread moved there,
+            # which a move of the whole trainer by someone else could undo: checked).
+            if self.cgroup is not None:
+                self.cgroup.place(self.pid)
             if ident.deny_setgroups:
                 _write_proc(self.pid, "setgroups", "deny")
             _write_proc(self.pid, "uid_map", ident.uid_map)
@@ -650,7 +671,20 @@ def _out_of_fds(exc: BaseException | None) -> bool:
     return False
 
 
-def _spawn_error(exc: OSError) -> Exception:
+def _spawn_error(exc: native.SpawnError, cg: cgroups.Cgroup | None) -> Exception:
+    name = errno.errorcode.get(exc.errno, str(exc.errno))
+    if exc.step == native.STEP_CGROUP:
+        if exc.errno == errno.EBUSY:
+            return CgroupError(f"cgroup {cg.name} is frozen, or its parent is: a sandbox "
+                               "started in it would stop at once; thaw the parent cgroup")
+        return CgroupError(f"moving the spawning thread into cgroup {cg.name} failed: {name} "
+                           f"({exc.strerror}); check the tasks files of {' '.join(cg.paths)}")
+    if exc.step == native.STEP_THREAD:
+        return SandboxError(f"no thread could be started for the spawn: {name} "
+                            f"({exc.strerror}); raise the limit on threads or processes")
+    if exc.step == native.STEP_OWNER:
+        return SandboxError(f"taking the user namespace's owner ids failed: {name} "
+                            f"({exc.strerror}); they need a root caller")
     if exc.errno in (errno.EPERM, errno.EACCES, errno.ENOSPC, errno.EUSERS):
         from .probe import userns_blocker
         return HostUnsupported("user-namespace", userns_blocker(exc.errno))

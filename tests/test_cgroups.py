@@ -669,6 +669,50 @@ def test_what_a_user_left_is_not_handed_on(lab, pool):
     assert peak is None or peak <= cgroups.POOL_MAX_LEFTOVER
 
 
+def test_kill_all_never_signals_the_calling_process(lab):
+    # On v1, while a thread of the trainer spawns a sandbox, cgroup.procs of the sandbox's
+    # cgroup and of every cgroup above lists the trainer's pid. A kill_all of a parent at
+    # that moment must wait for the thread to leave, not kill the trainer.
+    import threading
+    cg = lab.cgroup()
+    origin = {path: os.path.join(os.path.dirname(path), "tasks") for path in cg.paths}
+    inside, leave = threading.Event(), threading.Event()
+
+    def visit():
+        for path in cg.paths:
+            with open(os.path.join(path, "tasks"), "w") as f:
+                f.write("0")
+        inside.set()
+        leave.wait(10)
+        for back in origin.values():  # the creator's own cgroups: the parents here
+            with open(back, "w") as f:
+                f.write("0")
+
+    if cg.version == 2:
+        pytest.skip("on v2 the spawn clones into the cgroup: no thread of ours visits it")
+    visitor = threading.Thread(target=visit)
+    visitor.start()
+    try:
+        assert inside.wait(10) and os.getpid() in cg.pids()
+        threading.Timer(0.3, leave.set).start()
+        cg.kill_all(timeout=5)  # returns once the thread has left; we are still alive
+        assert os.getpid() not in cg.pids()
+    finally:
+        leave.set()
+        visitor.join()
+
+
+def test_place_moves_a_process_in_where_it_is_not(lab):
+    cg = lab.cgroup()
+    proc = subprocess.Popen(["sleep", "600"])
+    lab.procs.append(proc)
+    proc.stdout = open(os.devnull, "rb")  # the lab closes it
+    assert cg._misplaced(proc.pid)
+    cg.place(proc.pid)
+    assert cg._misplaced(proc.pid) == [] and proc.pid in cg.pids()
+    cg.place(proc.pid)  # already there: nothing to do
+
+
 POOL_AT_EXIT = """
 import os
 from karotte import cgroups

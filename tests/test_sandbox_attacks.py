@@ -512,3 +512,35 @@ def test_a_host_id_range_that_overflows_or_holds_an_account_is_refused(no_leaks,
     monkeypatch.setenv("KAROTTE_UID_BASE", str(base))
     with pytest.raises(HostUnsupported, match=why):
         Sandbox()
+
+
+def test_a_frozen_parent_cgroup_refuses_a_sandbox_instead_of_hanging_the_trainer(no_leaks):
+    # On v1 the spawn runs in a thread that moves itself into the sandbox's cgroups: in a
+    # frozen one it would stop at once, and the caller with it.
+    limits = cgroups.CgroupLimits(memory=512 * MiB, pids=64, cpus=1.0)
+    parent = cgroups.create(cgroups.leaf_name("frozen-parent"), limits)
+    try:
+        parent.freeze()
+        started = time.monotonic()
+        with pytest.raises(cgroups.CgroupError, match="frozen"):
+            Sandbox(cgroup_parent=parent)
+        assert time.monotonic() - started < 5
+        parent.thaw()
+        with Sandbox(cgroup_parent=parent) as sb:
+            assert sb.exec(["echo", "ok"]).stdout == b"ok\n"
+    finally:
+        parent.thaw()
+        parent.destroy()
+
+
+def test_a_library_with_large_thread_local_storage_does_not_break_the_spawn(tmp_path):
+    # glibc puts static TLS on each thread's stack: the spawn thread must have room.
+    src = tmp_path / "tls.c"
+    src.write_text("__thread char big[96 * 1024];\nchar *touch(void) { return big; }\n")
+    lib = tmp_path / "libtls.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    code = ("from karotte.sandbox import Sandbox\n"
+            "with Sandbox() as sb:\n    print(sb.exec(['echo', 'ok']).stdout.decode(), end='')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "LD_PRELOAD": str(lib)}, timeout=60)
+    assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
