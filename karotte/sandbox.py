@@ -81,6 +81,8 @@ class _Identity:
 
 
 NS_OWNERS = 65536
+ID_TABLES = ("/etc/passwd", "/etc/group")
+SUBID_TABLES = ("/etc/subuid", "/etc/subgid")
 _owner_next: int | None = None  # per process: a forked child picks its own start
 _owner_lock = threading.Lock()
 
@@ -104,7 +106,7 @@ def _check_reserved_ids(base: int) -> None:
         raise HostUnsupported("uid range", f"KAROTTE_UID_BASE {base:#x} leaves no room for the "
                               f"{top - base} host ids Karotte uses from it (up to {top:#x}); "
                               f"pick a base from 1 to {0xFFFF_FFFF - (top - base):#x}")
-    for table in ("/etc/passwd", "/etc/group"):
+    for table in ID_TABLES:
         try:
             with open(table, encoding="utf-8", errors="replace") as f:
                 lines = f.read().splitlines()
@@ -117,7 +119,7 @@ def _check_reserved_ids(base: int) -> None:
                     "uid range", f"{table} has {fields[0]!r} with id {fields[2]}, inside the "
                     f"host ids Karotte uses as root ({base:#x}-{top - 1:#x}): that account "
                     f"could enter sandboxes; set KAROTTE_UID_BASE to a free range")
-    for table in ("/etc/subuid", "/etc/subgid"):
+    for table in SUBID_TABLES:
         try:
             with open(table, encoding="utf-8", errors="replace") as f:
                 lines = f.read().splitlines()

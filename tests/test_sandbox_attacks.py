@@ -514,6 +514,24 @@ def test_a_host_id_range_that_overflows_or_holds_an_account_is_refused(no_leaks,
         Sandbox()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the host id range is used by root callers only")
+def test_a_subordinate_id_range_that_overlaps_karottes_host_ids_is_refused(no_leaks, monkeypatch,
+                                                                           tmp_path):
+    # A user whose /etc/subuid range covers the agent's host uid can run a container
+    # process as that uid, which may then signal or trace the agent's processes.
+    from karotte import sandbox as ksandbox
+    subuid = tmp_path / "subuid"
+    subuid.write_text(f"alice:100000:65536\nmallory:{DEFAULT_UID_BASE + 500}:1000\n")
+    monkeypatch.setattr(ksandbox, "SUBID_TABLES", (str(subuid),))
+    monkeypatch.setenv("KAROTTE_UID_BASE", str(DEFAULT_UID_BASE + 1))  # not cached yet
+    with pytest.raises(HostUnsupported, match="'mallory' the ids 0x700001f4-0x700005db"):
+        Sandbox()
+    subuid.write_text("alice:100000:65536\n")
+    monkeypatch.setenv("KAROTTE_UID_BASE", str(DEFAULT_UID_BASE + 2))
+    with Sandbox() as sb:
+        assert sb.exec(["true"]).exit_code == 0
+
+
 def test_a_frozen_parent_cgroup_refuses_a_sandbox_instead_of_hanging_the_trainer(no_leaks):
     # On v1 the spawn runs in a thread that moves itself into the sandbox's cgroups: in a
     # frozen one it would stop at once, and the caller with it.
