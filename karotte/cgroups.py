@@ -396,6 +396,12 @@ class Cgroup:
     def _disown(self) -> None:
         """Forget the fds a new handle took over (v2)."""
 
+    def _park(self) -> None:
+        """In the pool: hold no fd (v2 closes its own)."""
+
+    def _unpark(self) -> None:
+        """Out of the pool: open what _park closed."""
+
     def __enter__(self) -> "Cgroup":
         return self
 
@@ -718,6 +724,21 @@ class _V2Cgroup(Cgroup):
 
     def _disown(self) -> None:
         self._dir_fd = self._events_fd = self._peak_fd = None
+
+    def _park(self) -> None:
+        self._close()
+
+    def _unpark(self) -> None:
+        try:
+            self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self._events_fd = os.open(self._file("cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
+            self._open_peak()  # a new fd sees the peak since creation until it resets it
+        except OSError as e:
+            self._close()
+            raise _fail("opening", self.path, e) from e
+        if not self.peak_resettable:
+            self._close()
+            raise CgroupError(f"cgroup {self.name}: memory.peak can no longer be reset")
 
     def set_limits(self, limits: CgroupLimits) -> None:
         _write(self._file("memory.max"), str(limits.memory))
@@ -1079,6 +1100,7 @@ def acquire(limits: CgroupLimits, parent: "str | Cgroup | None" = None, *,
     while key is not None and (cg := _pool.take(key)) is not None:
         try:
             if cg._thawed():  # a freeze() that raced its release() leaves it frozen
+                cg._unpark()
                 cg.set_limits(limits)
                 return cg
             cg.destroy()
@@ -1139,7 +1161,9 @@ class _Pool:
         with self._lock:
             if sum(map(len, self._free.values())) >= size:
                 return False
-            self._free.setdefault(cg._pool_key, []).append(cg._handoff())
+            fresh = cg._handoff()
+            fresh._park()
+            self._free.setdefault(cg._pool_key, []).append(fresh)
         return True
 
     def paths(self) -> set[str]:
