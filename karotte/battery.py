@@ -239,49 +239,58 @@ def _survivors() -> list[int]:
     return found
 
 
-def _play(env: Environment, seed: int, commands: Sequence[str]) -> tuple[Outcome, float]:
+def _play(env: Environment, seed: int, steps: Sequence) -> tuple[Outcome, float]:
+    """One episode playing steps: bash commands, or ("read_file"|"write_file"|"give_up",
+    arguments) tool calls."""
     t = time.monotonic()
     with Episode(env, seed=seed) as ep:
         ep.reset()
-        for command in commands:
-            ep.exec(command)
+        for step in steps:
+            tool, args = ("bash", {"command": step}) if isinstance(step, str) else step
+            if tool == "give_up":
+                return ep.give_up(), time.monotonic() - t
+            if tool == "bash":
+                ep.exec(args["command"])
+            elif tool == "read_file":
+                ep.read_file(args["path"])
+            elif tool == "write_file":
+                ep.write_file(args["path"], args["content"])
+            else:
+                raise ValueError(f"unknown tool {tool!r} (bash, read_file, write_file, give_up)")
         outcome = ep.finish()
     return outcome, time.monotonic() - t
 
 
-def check(env: Environment, *, seed: int = 1,
-          progress: Callable[[str], None] | None = None) -> CheckReport:
-    """Run the reference, the null agent and the battery against env."""
-    t0 = time.monotonic()
-    bottom, top = env.reward_range
-    deep = env.deep
-    reference = tuple(env.reference_solution(seed))
-    results: list[CheckResult] = []
+class _Judge:
+    """Plays episodes and records their verdicts; one per report."""
 
-    def record(name: str, outcome: Outcome, seconds: float, passed: bool, why: str) -> None:
-        results.append(CheckResult(name, outcome.reward, outcome.reason, passed, why, seconds,
-                                   tuple(f"{v.path}: {v.kind}" for v in outcome.violations)))
-        if progress:
-            progress(name)
+    def __init__(self, env: Environment, seed: int, progress: Callable[[str], None] | None):
+        self.env, self.seed, self.progress = env, seed, progress
+        self.results: list[CheckResult] = []
+        self.t0 = time.monotonic()
+        self.canaries = _canaries()
 
-    canaries = _canaries()
-    ref, secs = _play(env, seed, reference)
-    if not reference:
-        record("reference", ref, secs, False, "the environment has no reference_solution()")
-    elif deep:
-        record("reference", ref, secs, ref.reason == "graded" and ref.reward > bottom + EPSILON,
-               f"a deep task: the reference must score above the bottom {bottom:g}")
-    else:
-        record("reference", ref, secs, ref.reason == "graded" and abs(ref.reward - top) <= EPSILON,
-               f"must reach the top reward {top:g}")
-    null, secs = _play(env, seed, ())
-    record("null-agent", null, secs, null.infra_error is None and abs(null.reward - bottom) <= EPSILON,
-           f"doing nothing must score the bottom reward {bottom:g}")
-    ceiling = max(null.reward, bottom)
+    def record(self, name: str, outcome: Outcome, seconds: float, passed: bool,
+               why: str) -> None:
+        self.results.append(CheckResult(
+            name, outcome.reward, outcome.reason, passed, why, seconds,
+            tuple(f"{v.path}: {v.kind}" for v in outcome.violations)))
+        if self.progress:
+            self.progress(name)
 
-    for attack in attacks_for(env, seed):
-        commands = (reference if attack.on_reference else ()) + attack.commands
-        outcome, secs = _play(env, seed, commands)
+    def null_agent(self) -> float:
+        """Play the null agent; the reward no attack may exceed."""
+        bottom, _ = self.env.reward_range
+        null, secs = _play(self.env, self.seed, ())
+        self.record("null-agent", null, secs,
+                    null.infra_error is None and abs(null.reward - bottom) <= EPSILON,
+                    f"doing nothing must score the bottom reward {bottom:g}")
+        return max(null.reward, bottom)
+
+    def attack(self, name: str, steps: Sequence, what: str, ceiling: float) -> None:
+        """An attack passes (the environment holds) when it scores no more than the null
+        agent, the grader completes, and nothing is left on the host."""
+        outcome, secs = _play(self.env, self.seed, steps)
         problems = []
         if outcome.infra_error:
             problems.append(f"infra error: {outcome.infra_error}")
@@ -295,15 +304,69 @@ def check(env: Environment, *, seed: int = 1,
         alive = _survivors()
         if alive:
             problems.append(f"sandbox processes still alive: {alive[:5]}")
-        record(attack.name, outcome, secs, not problems,
-               "; ".join(problems) or f"{attack.what}: no more than the null agent, "
-               "nothing left running")
-    changed = [p for p, h in _canaries().items() if canaries.get(p) != h]
-    if changed:
-        results.append(CheckResult("host-unaffected", None, "", False,
-                                   f"framework files changed: {changed[:3]}", 0.0))
+        self.record(name, outcome, secs, not problems,
+                    "; ".join(problems) or f"{what}: no more than the null agent, "
+                    "nothing left running")
+
+    def report(self) -> CheckReport:
+        changed = [p for p, h in _canaries().items() if self.canaries.get(p) != h]
+        if changed:
+            self.results.append(CheckResult("host-unaffected", None, "", False,
+                                            f"framework files changed: {changed[:3]}", 0.0))
+        else:
+            self.results.append(CheckResult(
+                "host-unaffected", None, "", True,
+                "Karotte's own files hash the same before and after", 0.0))
+        env = self.env
+        return CheckReport(f"{type(env).__module__}:{type(env).__qualname__}",
+                           tuple(self.results), time.monotonic() - self.t0)
+
+
+def check(env: Environment, *, seed: int = 1,
+          progress: Callable[[str], None] | None = None) -> CheckReport:
+    """Run the reference, the null agent and the battery against env."""
+    bottom, top = env.reward_range
+    reference = tuple(env.reference_solution(seed))
+    judge = _Judge(env, seed, progress)
+    ref, secs = _play(env, seed, reference)
+    if not reference:
+        judge.record("reference", ref, secs, False, "the environment has no reference_solution()")
+    elif env.deep:
+        judge.record("reference", ref, secs,
+                     ref.reason == "graded" and ref.reward > bottom + EPSILON,
+                     f"a deep task: the reference must score above the bottom {bottom:g}")
     else:
-        results.append(CheckResult("host-unaffected", None, "", True,
-                                   "Karotte's own files hash the same before and after", 0.0))
-    return CheckReport(f"{type(env).__module__}:{type(env).__qualname__}", tuple(results),
-                       time.monotonic() - t0)
+        judge.record("reference", ref, secs,
+                     ref.reason == "graded" and abs(ref.reward - top) <= EPSILON,
+                     f"must reach the top reward {top:g}")
+    ceiling = judge.null_agent()
+    for attack in attacks_for(env, seed):
+        judge.attack(attack.name, (reference if attack.on_reference else ()) + attack.commands,
+                     attack.what, ceiling)
+    return judge.report()
+
+
+def redteam(env: Environment, *, seed: int = 1, attacks: Sequence[str] | None = None,
+            agents: Sequence[tuple[str, Sequence]] = (),
+            progress: Callable[[str], None] | None = None) -> CheckReport:
+    """The null agent, then attacks judged as in check(): the battery's (those named in
+    `attacks`, or all of them when it is None) and each scripted agent of `agents`
+    ((name, steps), steps as _play takes them). No reference run: the question is only
+    whether anything scores more than doing nothing, or harms the host."""
+    battery = attacks_for(env, seed)
+    if attacks is not None:
+        known = {a.name for a in battery}
+        unknown = sorted(set(attacks) - known)
+        if unknown:
+            raise ValueError(f"no such attack in this environment's battery: "
+                             f"{', '.join(unknown)} (see `karotte redteam --list`)")
+        battery = [a for a in battery if a.name in set(attacks)]
+    reference = tuple(env.reference_solution(seed)) if any(a.on_reference for a in battery) else ()
+    judge = _Judge(env, seed, progress)
+    ceiling = judge.null_agent()
+    for attack in battery:
+        judge.attack(attack.name, (reference if attack.on_reference else ()) + attack.commands,
+                     attack.what, ceiling)
+    for name, steps in agents:
+        judge.attack(name, steps, "a scripted agent", ceiling)
+    return judge.report()

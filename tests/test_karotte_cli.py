@@ -126,3 +126,42 @@ def test_run_plays_the_shipped_example_end_to_end(no_leaks):
     r = karotte("run", "karotte.examples.q3_revenue", "-n", "2", "--json")
     assert r.returncode == 0, r.stderr
     assert [json.loads(line)["reward"] for line in r.stdout.splitlines()] == [1.0, 1.0]
+
+
+def test_redteam_lists_the_battery_and_runs_only_the_attacks_named(no_leaks):
+    listed = karotte("redteam", "envs.basic:Addition", "--list")
+    assert listed.returncode == 0, listed.stderr
+    names = [line.split()[0] for line in listed.stdout.splitlines()]
+    assert {"leak-search", "fork-bomb", "fifo:answer.txt"} <= set(names)
+    r = karotte("redteam", "envs.leaky:LeavesTheAnswerInTheWorkspace", "--attack",
+                "leak-search", "--attack", "fork-bomb", "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    results = {x["name"]: x for x in json.loads(r.stdout)["results"]}
+    assert set(results) == {"null-agent", "leak-search", "fork-bomb", "host-unaffected"}
+    assert not results["leak-search"]["passed"] and "more than the null agent" in \
+        results["leak-search"]["why"]
+    assert results["fork-bomb"]["passed"] and results["null-agent"]["passed"]
+    unknown = karotte("redteam", "envs.basic:Addition", "--attack", "no-such-attack")
+    assert unknown.returncode == 2 and "no-such-attack" in unknown.stderr
+
+
+def test_redteam_plays_your_own_cheating_agents(no_leaks, tmp_path):
+    # A cheat that works on the leaky environment, and one that the sound one stops.
+    copy = tmp_path / "copy-the-answer.txt"
+    copy.write_text("# reads the answer the environment left out\ncp expected_answer.txt answer.txt\n")
+    plant = tmp_path / "plant.jsonl"
+    plant.write_text(json.dumps({"tool": "write_file", "path": "answer.txt",
+                                 "content": "not the sum"}) + "\n")
+    leaky = karotte("redteam", "envs.leaky:LeavesTheAnswerInTheWorkspace", "--attack",
+                    "leak-search", "--agent", str(copy), "--agent", str(plant))
+    assert leaky.returncode == 1, leaky.stdout + leaky.stderr
+    rows = {line.split()[0]: line for line in leaky.stdout.splitlines()[1:-1]}
+    assert "FAIL" in rows["agent:copy-the-answer.txt"] and "PASS" in rows["agent:plant.jsonl"]
+    sound = karotte("redteam", "envs.basic:Addition", "--attack", "leak-search",
+                    "--agent", str(copy), "--agent", str(plant))
+    assert sound.returncode == 0, sound.stdout + sound.stderr
+    assert sound.stdout.splitlines()[0].startswith("karotte redteam envs.basic:Addition")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"tool": "sudo"}\n')
+    r = karotte("redteam", "envs.basic:Addition", "--agent", str(bad))
+    assert r.returncode == 2 and "unknown tool" in r.stderr

@@ -197,26 +197,70 @@ def cmd_check(args: argparse.Namespace) -> int:
     if env is None:
         return EXIT_USAGE
     live = sys.stderr.isatty() and not args.json
-    report = check(env, seed=args.seed,
-                   progress=(lambda name: print(f"\r  checked {name:<40}", end="",
-                                                file=sys.stderr, flush=True)) if live else None)
+    report = check(env, seed=args.seed, progress=_live_progress(live))
     if live:
         print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
-    if args.json:
+    return _report(report, args.json, "karotte check")
+
+
+def _report(report, as_json: bool, title: str) -> int:
+    if as_json:
         print(json.dumps({"env": report.env, "passed": report.passed, "seconds": report.seconds,
                           "results": [dataclasses.asdict(r) for r in report.results]}))
     else:
-        print(render_check(report))
+        print(render_check(report, title))
     return 0 if report.passed else 1
 
 
-def render_check(report) -> str:
+def _live_progress(enabled: bool):
+    if not enabled:
+        return None
+    return lambda name: print(f"\r  checked {name:<40}", end="", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- redteam
+
+
+def cmd_redteam(args: argparse.Namespace) -> int:
+    from ..battery import attacks_for, redteam
+
+    env = _load_env(args.env, "redteam")
+    if env is None:
+        return EXIT_USAGE
+    if args.list:
+        for attack in attacks_for(env, args.seed):
+            print(f"{attack.name:<28} {attack.what}")
+        return 0
+    agents = []
+    for path in args.agent or ():
+        try:
+            calls = parse_agent(Path(path).read_text(), path)
+        except (OSError, ValueError) as exc:
+            print(f"karotte redteam: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        steps = [c.arguments["command"] if c.tool == "bash" else (c.tool, c.arguments)
+                 for c in calls]
+        agents.append((f"agent:{Path(path).name}", steps))
+    live = sys.stderr.isatty() and not args.json
+    try:
+        report = redteam(env, seed=args.seed, attacks=args.attack,
+                         agents=agents, progress=_live_progress(live))
+    except ValueError as exc:
+        print(f"karotte redteam: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        if live:
+            print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
+    return _report(report, args.json, "karotte redteam")
+
+
+def render_check(report, title: str = "karotte check") -> str:
     rows = [("attack", "reward", "reason", "verdict")]
     for r in report.results:
         reward = "" if r.reward is None else f"{r.reward:.4g}"
         rows.append((r.name, reward, r.reason, ("PASS" if r.passed else "FAIL") + "  " + r.why))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    lines = [f"karotte check {report.env}"]
+    lines = [f"{title} {report.env}"]
     for row in rows:
         lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:3]))
                      + "  " + row[3])
@@ -273,6 +317,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("redteam", help="attack an environment: the battery and your own agents",
+                       description="Plays the null agent, then each attack of the battery "
+                                   "(or those named with --attack) and each scripted agent "
+                                   "given with --agent. An attack fails the environment when "
+                                   "it scores more than the null agent, the grader does not "
+                                   "complete, or it leaves anything on the host. Exit status "
+                                   "1 if any attack succeeds, 2 for bad usage.")
+    p.add_argument("env", help="module or module:Name of an Environment")
+    p.add_argument("--attack", action="append", metavar="NAME",
+                   help="only this attack of the battery (repeatable; see --list)")
+    p.add_argument("--agent", action="append", metavar="FILE",
+                   help="also play this scripted agent as an attack (repeatable): bash "
+                        "commands, one per line, or JSON Lines of tool calls")
+    p.add_argument("--list", action="store_true", help="list the battery's attacks and exit")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="machine-readable report")
+    p.set_defaults(func=cmd_redteam)
     return parser
 
 
