@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import os
 import resource
 import secrets
@@ -41,6 +42,13 @@ SETUP_TIMEOUT = 10.0  # seconds for init to build the root and report ready
 DRAIN_GRACE = 0.05  # after exit, how long to wait for output held open by background jobs
 KILL_GRACE = 5.0  # after a timeout kill, how long the exit report may take
 MAX_PASS_FDS = 5  # extra fds a command may get (csrc/init.c MAX_FDS less stdio)
+# A stream past its output_limit is drained (spliced into /dev/null, never copied) at
+# most once per OVERFLOW_READ_INTERVAL, OVERFLOW_PIPE_SIZE at a time: draining a flood as
+# fast as the agent writes cost the trainer a core per flooding sandbox, outside every
+# limit of the sandbox. Paced, the agent blocks on its full pipe in between: output past
+# the limit flows at up to 256 MB/s, for a few percent of a core.
+OVERFLOW_READ_INTERVAL = 0.004
+OVERFLOW_PIPE_SIZE = 1 << 20
 
 DEFAULT_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -246,6 +254,9 @@ class _ExecOp:
         msg.strings(p.T_ENV, [f"{k}={v}" for k, v in env.items()])
         msg.string(p.T_CWD, cwd)
         self.readers: dict[int, _Capture] = {}
+        self.paced: dict[int, float] = {}  # reader past its limit -> when to read it next
+        self.overflowing: set[int] = set()  # readers past their limit: drained, not kept
+        self.sink: int | None = None  # /dev/null, open while a reader is overflowing
         self.stdin_fd: int | None = None
         self.terminal_fd: int | None = None  # the pty master, once init sends it
         if terminal:
@@ -283,7 +294,7 @@ class _ExecOp:
             and not self.readers
 
     def want_read(self) -> list[int]:
-        fds = list(self.readers)
+        fds = [fd for fd in self.readers if fd not in self.paced]
         if self.exit_reply is None and self.error is None and not self.init_died:
             fds.append(self.core.sock.fileno())
         return fds
@@ -293,10 +304,12 @@ class _ExecOp:
 
     def next_deadline(self) -> float:
         if self.drain_deadline is not None:
-            return self.drain_deadline
-        if self.kill_deadline is not None:
-            return self.kill_deadline
-        return self.deadline
+            due = self.drain_deadline
+        elif self.kill_deadline is not None:
+            due = self.kill_deadline
+        else:
+            due = self.deadline
+        return min(due, *self.paced.values()) if self.paced else due
 
     # -- events
 
@@ -307,6 +320,16 @@ class _ExecOp:
         capture = self.readers.get(fd)
         if capture is None:
             return
+        if fd in self.overflowing:
+            try:
+                moved = os.splice(fd, self.sink, OVERFLOW_PIPE_SIZE, flags=os.SPLICE_F_NONBLOCK)
+            except BlockingIOError:
+                return
+            if moved:
+                self.paced[fd] = time.monotonic() + OVERFLOW_READ_INTERVAL
+            else:
+                self._close_reader(fd)
+            return
         try:
             data = os.read(fd, 65536)
         except BlockingIOError:
@@ -315,8 +338,21 @@ class _ExecOp:
             capture.feed(data)
             if self.on_output is not None:
                 self.on_output(1 if capture is self.out else 2, data)
+            elif capture.truncated:
+                self._overflow(fd)
         else:
             self._close_reader(fd)
+
+    def _overflow(self, fd: int) -> None:
+        """From now on fd's stream is drained at a paced rate and dropped."""
+        if self.sink is None:
+            self.sink = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        self.overflowing.add(fd)
+        self.paced[fd] = time.monotonic() + OVERFLOW_READ_INTERVAL
+        try:  # fewer, larger drains; the kernel may refuse (the user's pipe-buffer quota)
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, OVERFLOW_PIPE_SIZE)
+        except OSError:
+            pass
 
     def on_writable(self, fd: int) -> None:
         try:
@@ -330,6 +366,9 @@ class _ExecOp:
             self._close_stdin()
 
     def on_time(self, now: float) -> None:
+        for fd, due in list(self.paced.items()):
+            if now >= due:
+                del self.paced[fd]
         if self.drain_deadline is not None and now >= self.drain_deadline:
             for fd in list(self.readers):  # background jobs hold the pipes: stop waiting
                 self._close_reader(fd)
@@ -370,7 +409,12 @@ class _ExecOp:
 
     def _close_reader(self, fd: int) -> None:
         del self.readers[fd]
+        self.paced.pop(fd, None)
+        self.overflowing.discard(fd)
         os.close(fd)
+        if not self.overflowing and self.sink is not None:
+            os.close(self.sink)
+            self.sink = None
 
     def _close_stdin(self) -> None:
         if self.stdin_fd is not None:

@@ -215,6 +215,27 @@ def test_OUT_FLOOD_01_output_is_capped_and_host_memory_stays_bounded(no_leaks):
     assert psutil.Process().memory_info().rss - rss_before < 64 * MiB
 
 
+def test_OUT_FLOOD_01_a_flood_past_the_limit_costs_the_trainer_almost_no_cpu(no_leaks):
+    # Drained as fast as the agent writes, a flood took a core of the trainer for as
+    # long as it lasted, outside every limit of the sandbox. Past its output_limit a
+    # stream is drained at a paced rate (and the agent waits on its full pipe).
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    with Sandbox(SandboxSpec(output_limit=64 * 1024)) as sb:
+        before = cpu()
+        r = sb.exec(["sh", "-c", "yes & yes >&2"], timeout=3)
+        spent = cpu() - before
+        assert r.timed_out and r.stdout_truncated and r.stderr_truncated
+        assert len(r.stdout) == len(r.stderr) == 64 * 1024
+        assert spent < 0.6, f"the trainer spent {spent:.2f} s of CPU on a 3 s flood"
+        # Output past the limit still flows: a command that writes a lot and exits
+        # gets its exit status, and what it wrote last to the other stream.
+        r = sb.exec("head -c 200M /dev/zero; echo tail >&2; exit 3", timeout=60)
+        assert r.exit_code == 3 and r.stderr == b"tail\n" and r.stdout_truncated
+
+
 @pytest.fixture
 def shared_dir():
     """A host directory that others may read (pytest's tmp_path is private to root)."""
