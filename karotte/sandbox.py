@@ -49,6 +49,12 @@ MAX_PASS_FDS = 5  # extra fds a command may get (csrc/init.c MAX_FDS less stdio)
 # the limit flows at up to 256 MB/s, for a few percent of a core.
 OVERFLOW_READ_INTERVAL = 0.004
 OVERFLOW_PIPE_SIZE = 1 << 20
+# Below the limit, a stream read in small pieces less than SMALL_READ_INTERVAL apart (an
+# agent writing a byte at a time to both streams woke the trainer for every byte: half a
+# core) waits that long before the next read, so small writes are read in batches. A
+# lone small write (`echo hi`, then exit) is read at once.
+SMALL_READ = 4096
+SMALL_READ_INTERVAL = 0.001
 
 DEFAULT_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -257,6 +263,7 @@ class _ExecOp:
         self.paced: dict[int, float] = {}  # reader past its limit -> when to read it next
         self.overflowing: set[int] = set()  # readers past their limit: drained, not kept
         self.sink: int | None = None  # /dev/null, open while a reader is overflowing
+        self.last_read: dict[int, float] = {}  # reader -> when it was last read
         self.stdin_fd: int | None = None
         self.terminal_fd: int | None = None  # the pty master, once init sends it
         if terminal:
@@ -340,6 +347,11 @@ class _ExecOp:
                 self.on_output(1 if capture is self.out else 2, data)
             elif capture.truncated:
                 self._overflow(fd)
+            elif len(data) < SMALL_READ:
+                now = time.monotonic()
+                if now - self.last_read.get(fd, -1.0) < SMALL_READ_INTERVAL:
+                    self.paced[fd] = now + SMALL_READ_INTERVAL
+                self.last_read[fd] = now
         else:
             self._close_reader(fd)
 
@@ -410,6 +422,7 @@ class _ExecOp:
     def _close_reader(self, fd: int) -> None:
         del self.readers[fd]
         self.paced.pop(fd, None)
+        self.last_read.pop(fd, None)
         self.overflowing.discard(fd)
         os.close(fd)
         if not self.overflowing and self.sink is not None:

@@ -156,12 +156,15 @@ def test_redteam_plays_your_own_cheating_agents(no_leaks, tmp_path):
                     "leak-search", "--agent", str(copy), "--agent", str(plant))
     assert leaky.returncode == 1, leaky.stdout + leaky.stderr
     rows = {line.split()[0]: line for line in leaky.stdout.splitlines()[1:-1]}
-    assert "FAIL" in rows["agent:copy-the-answer.txt"] and "PASS" in rows["agent:plant.jsonl"]
+    assert "FAIL" in rows[f"agent:{copy}"] and "PASS" in rows[f"agent:{plant}"]
     sound = karotte("redteam", "envs.basic:Addition", "--attack", "leak-search",
                     "--agent", str(copy), "--agent", str(plant))
     assert sound.returncode == 0, sound.stdout + sound.stderr
     assert sound.stdout.splitlines()[0].startswith("karotte redteam envs.basic:Addition")
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"tool": "sudo"}\n')
-    r = karotte("redteam", "envs.basic:Addition", "--agent", str(bad))
-    assert r.returncode == 2 and "unknown tool" in r.stderr
+    for text, why in (('{"tool": "sudo"}', "unknown tool"),
+                      ('{"tool": "bash"}', "bash needs a string 'command'"),
+                      ('{"tool": "read_file", "arguments": {}}', "read_file needs a string 'path'")):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(text + "\n")
+        r = karotte("redteam", "envs.basic:Addition", "--agent", str(bad))
+        assert r.returncode == 2 and why in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -234,6 +234,14 @@ def test_OUT_FLOOD_01_a_flood_past_the_limit_costs_the_trainer_almost_no_cpu(no_
         # gets its exit status, and what it wrote last to the other stream.
         r = sb.exec("head -c 200M /dev/zero; echo tail >&2; exit 3", timeout=60)
         assert r.exit_code == 3 and r.stderr == b"tail\n" and r.stdout_truncated
+    # Below the limit too: a byte at a time to both streams woke the trainer for every
+    # byte (half a core); bursts of small reads are paced and read in batches.
+    with Sandbox() as sb:  # the default limit, 1 MiB: a long way to go in single bytes
+        before = cpu()
+        r = sb.exec(["sh", "-c", "while :; do printf x; printf y >&2; done"], timeout=3)
+        spent = cpu() - before
+        assert r.timed_out and r.stdout.startswith(b"xxxx") and r.stderr.startswith(b"yyyy")
+        assert spent < 0.6, f"the trainer spent {spent:.2f} s of CPU on 3 s of single bytes"
 
 
 @pytest.fixture

@@ -45,6 +45,10 @@ class ToolCall:
     arguments: dict[str, Any]
 
 
+_TOOL_ARGS = {"bash": ("command",), "read_file": ("path",), "write_file": ("path", "content"),
+              "give_up": ()}
+
+
 def parse_agent(text: str, source: str = "agent file") -> list[ToolCall]:
     """One bash command per line (blank lines and # comments ignored), or JSON Lines of
     tool calls: {"tool": "bash", "command": ...}, {"tool": "write_file", "path": ...,
@@ -66,9 +70,14 @@ def parse_agent(text: str, source: str = "agent file") -> list[ToolCall]:
         args = obj.get("arguments", {k: v for k, v in obj.items() if k != "tool"})
         if isinstance(args, str):
             args = json.loads(args)
-        if name not in ("bash", "read_file", "write_file", "give_up"):
+        if name not in _TOOL_ARGS:
             raise ValueError(f"{source}:{number}: unknown tool {name!r} "
                              "(bash, read_file, write_file, give_up)")
+        if not isinstance(args, dict):
+            raise ValueError(f"{source}:{number}: the arguments must be a JSON object")
+        for arg in _TOOL_ARGS[name]:
+            if not isinstance(args.get(arg), str):
+                raise ValueError(f"{source}:{number}: {name} needs a string {arg!r}")
         calls.append(ToolCall(name, dict(args)))
     return calls
 
@@ -240,14 +249,16 @@ def cmd_redteam(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         steps = [c.arguments["command"] if c.tool == "bash" else (c.tool, c.arguments)
                  for c in calls]
-        agents.append((f"agent:{Path(path).name}", steps))
+        agents.append((f"agent:{path}", steps))
+    unknown = sorted(set(args.attack or ()) - {a.name for a in attacks_for(env, args.seed)})
+    if unknown:
+        print(f"karotte redteam: no such attack in this environment's battery: "
+              f"{', '.join(unknown)} (see --list)", file=sys.stderr)
+        return EXIT_USAGE
     live = sys.stderr.isatty() and not args.json
     try:
         report = redteam(env, seed=args.seed, attacks=args.attack,
                          agents=agents, progress=_live_progress(live))
-    except ValueError as exc:
-        print(f"karotte redteam: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     finally:
         if live:
             print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
