@@ -438,7 +438,7 @@ class Cgroup:
 
     def _misplaced(self, pid: int) -> list[str]:
         """The hierarchies of /proc/<pid>/cgroup in which pid is not in this cgroup."""
-        wanted = {"": ""} if self.version == 2 else self._hierarchies()
+        wanted = self._controllers()
         lines = _read(f"/proc/{pid}/cgroup").splitlines()
         found = {}
         for line in lines:
@@ -448,8 +448,9 @@ class Cgroup:
         return [f"{c or 'v2'}: {found.get(c)}" for c in wanted
                 if os.path.basename(found.get(c, "")) != self.name]
 
-    def _hierarchies(self) -> dict[str, str]:
-        return {}
+    def _controllers(self) -> tuple[str, ...]:
+        """As /proc/<pid>/cgroup names this cgroup's hierarchies ("" for v2)."""
+        return ("",)
 
     def populated(self) -> bool:
         """Whether any task is left in the cgroup or below it."""
@@ -785,8 +786,8 @@ class _V1Cgroup(Cgroup):
     def freezer_state_file(self) -> str | None:
         return self._file("freezer", "freezer.state") if "freezer" in self._dirs else None
 
-    def _hierarchies(self) -> dict[str, str]:
-        return dict(self._dirs)
+    def _controllers(self) -> tuple[str, ...]:
+        return tuple(self._dirs)
 
     def populated(self) -> bool:
         return bool(self.pids())
@@ -1101,14 +1102,14 @@ def acquire(limits: CgroupLimits, parent: "str | Cgroup | None" = None, *,
         try:
             if cg._thawed():  # a freeze() that raced its release() leaves it frozen
                 cg._unpark()
-                cg.set_limits(limits)
+                cg.set_limits(limits)  # may fail: a limit below the page cache it holds
                 return cg
+        except CgroupError:
+            pass
+        try:
             cg.destroy()
         except CgroupError:
-            try:  # e.g. a lower memory limit than the page cache it still holds
-                cg.destroy()
-            except CgroupError:
-                cg._close()  # a task got in after all: gc removes it once we are gone
+            cg._close()  # a task got in after all: gc removes it once we are gone
     cg = b.create(leaf_name(), limits, parent)
     cg._pool_key = key
     return cg
@@ -1119,9 +1120,9 @@ class _Pool:
     ($KAROTTE_CGROUP_POOL, default 16; 0 turns pooling off).
 
     A cgroup is kept only when it holds no task and no child cgroup, is not frozen,
-    has at most POOL_MAX_LEFTOVER bytes still charged (after one reclaim), and its peak,
-    OOM and CPU counters can be reset, so the next user counts only its own, plus that
-    little reclaimable memory. The releasing handle is dead from then on (its methods
+    has at most POOL_MAX_LEFTOVER bytes still charged, and its peak, OOM and CPU
+    counters can be reset, so the next user counts only its own, plus that little
+    reclaimable memory. The releasing handle is dead from then on (its methods
     raise CgroupError), and acquire() hands out a new one. The pool is this process's:
     a forked child starts with an empty one and cannot act on its parent's cgroups;
     they are removed at exit, and `gc` removes them after a crash like any cgroup of a

@@ -120,35 +120,33 @@ def _check_reserved_ids(base: int) -> None:
         raise HostUnsupported("uid range", f"KAROTTE_UID_BASE {base:#x} leaves no room for the "
                               f"{top - base} host ids Karotte uses from it (up to {top:#x}); "
                               f"pick a base from 1 to {0xFFFF_FFFF - (top - base):#x}")
-    for table in ID_TABLES:
-        try:
-            with open(table, encoding="utf-8", errors="replace") as f:
-                lines = f.read().splitlines()
-        except FileNotFoundError:
-            continue
-        for line in lines:
-            fields = line.split(":")
-            if len(fields) > 2 and fields[2].isdigit() and base <= int(fields[2]) < top:
+    for table, fields in _table_rows(ID_TABLES):
+        if len(fields) > 2 and fields[2].isdigit() and base <= int(fields[2]) < top:
+            raise HostUnsupported(
+                "uid range", f"{table} has {fields[0]!r} with id {fields[2]}, inside the "
+                f"host ids Karotte uses as root ({base:#x}-{top - 1:#x}): that account "
+                f"could enter sandboxes; set KAROTTE_UID_BASE to a free range")
+    for table, fields in _table_rows(SUBID_TABLES):
+        if len(fields) == 3 and fields[1].isdigit() and fields[2].isdigit():
+            first, count = int(fields[1]), int(fields[2])
+            if first < top and base < first + count:
                 raise HostUnsupported(
-                    "uid range", f"{table} has {fields[0]!r} with id {fields[2]}, inside the "
-                    f"host ids Karotte uses as root ({base:#x}-{top - 1:#x}): that account "
-                    f"could enter sandboxes; set KAROTTE_UID_BASE to a free range")
-    for table in SUBID_TABLES:
+                    "uid range", f"{table} gives {fields[0]!r} the ids {first:#x}-"
+                    f"{first + count - 1:#x}, which overlap the host ids Karotte uses as "
+                    f"root ({base:#x}-{top - 1:#x}): that user's containers could run as "
+                    f"sandbox ids; set KAROTTE_UID_BASE to a free range")
+
+
+def _table_rows(tables: Sequence[str]):
+    """(table, colon-separated fields) of each line of the tables that exist."""
+    for table in tables:
         try:
             with open(table, encoding="utf-8", errors="replace") as f:
                 lines = f.read().splitlines()
         except FileNotFoundError:
             continue
         for line in lines:
-            fields = line.split(":")
-            if len(fields) == 3 and fields[1].isdigit() and fields[2].isdigit():
-                first, count = int(fields[1]), int(fields[2])
-                if first < top and base < first + count:
-                    raise HostUnsupported(
-                        "uid range", f"{table} gives {fields[0]!r} the ids {first:#x}-"
-                        f"{first + count - 1:#x}, which overlap the host ids Karotte uses as "
-                        f"root ({base:#x}-{top - 1:#x}): that user's containers could run as "
-                        f"sandbox ids; set KAROTTE_UID_BASE to a free range")
+            yield table, line.split(":")
 
 
 def _identity() -> _Identity:
@@ -515,8 +513,8 @@ class _Core:
             # The child waits for the go: its ids must be in place before it. It starts
             # in its cgroup (v2: CLONE_INTO_CGROUP; v1: cloned by a thread moved there,
             # which a move of the whole trainer by someone else could undo: checked).
-            if self.cgroup is not None:
-                self.cgroup.place(self.pid)
+            if cg is not None and cg.clone_fd() is None:  # v2: CLONE_INTO_CGROUP is atomic
+                cg.place(self.pid)
             if ident.deny_setgroups:
                 _write_proc(self.pid, "setgroups", "deny")
             _write_proc(self.pid, "uid_map", ident.uid_map)
