@@ -346,21 +346,27 @@ def check(env: Environment, *, seed: int = 1,
     return judge.report()
 
 
-def redteam(env: Environment, *, seed: int = 1, attacks: Sequence[str] | None = None,
+def pick_attacks(env: Environment, seed: int, names: Sequence[str] | None) -> list[Attack]:
+    """The battery's attacks named (all of them for None); ValueError for a name that
+    is not in this environment's battery."""
+    battery = attacks_for(env, seed)
+    if names is None:
+        return battery
+    unknown = sorted(set(names) - {a.name for a in battery})
+    if unknown:
+        raise ValueError(f"no such attack in this environment's battery: "
+                         f"{', '.join(unknown)} (see --list)")
+    return [a for a in battery if a.name in set(names)]
+
+
+def redteam(env: Environment, *, seed: int = 1, attacks: Sequence[Attack] | None = None,
             agents: Sequence[tuple[str, Sequence]] = (),
             progress: Callable[[str], None] | None = None) -> CheckReport:
-    """The null agent, then attacks judged as in check(): the battery's (those named in
-    `attacks`, or all of them when it is None) and each scripted agent of `agents`
-    ((name, steps), steps as _play takes them). No reference run: the question is only
-    whether anything scores more than doing nothing, or harms the host."""
-    battery = attacks_for(env, seed)
-    if attacks is not None:
-        known = {a.name for a in battery}
-        unknown = sorted(set(attacks) - known)
-        if unknown:
-            raise ValueError(f"no such attack in this environment's battery: "
-                             f"{', '.join(unknown)} (see `karotte redteam --list`)")
-        battery = [a for a in battery if a.name in set(attacks)]
+    """The null agent, then attacks judged as in check(): `attacks` (from pick_attacks;
+    None: the whole battery) and each scripted agent of `agents` ((name, steps), steps
+    as _play takes them). No reference run: the question is only whether anything
+    scores more than doing nothing, or harms the host."""
+    battery = attacks_for(env, seed) if attacks is None else attacks
     reference = tuple(env.reference_solution(seed)) if any(a.on_reference for a in battery) else ()
     judge = _Judge(env, seed, progress)
     ceiling = judge.null_agent()

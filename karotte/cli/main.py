@@ -231,7 +231,7 @@ def _live_progress(enabled: bool):
 
 
 def cmd_redteam(args: argparse.Namespace) -> int:
-    from ..battery import attacks_for, redteam
+    from ..battery import attacks_for, pick_attacks, redteam
 
     env = _load_env(args.env, "redteam")
     if env is None:
@@ -250,14 +250,14 @@ def cmd_redteam(args: argparse.Namespace) -> int:
         steps = [c.arguments["command"] if c.tool == "bash" else (c.tool, c.arguments)
                  for c in calls]
         agents.append((f"agent:{path}", steps))
-    unknown = sorted(set(args.attack or ()) - {a.name for a in attacks_for(env, args.seed)})
-    if unknown:
-        print(f"karotte redteam: no such attack in this environment's battery: "
-              f"{', '.join(unknown)} (see --list)", file=sys.stderr)
+    try:
+        attacks = pick_attacks(env, args.seed, args.attack)  # before anything runs
+    except ValueError as exc:
+        print(f"karotte redteam: {exc}", file=sys.stderr)
         return EXIT_USAGE
     live = sys.stderr.isatty() and not args.json
     try:
-        report = redteam(env, seed=args.seed, attacks=args.attack,
+        report = redteam(env, seed=args.seed, attacks=attacks,
                          agents=agents, progress=_live_progress(live))
     finally:
         if live:
