@@ -55,7 +55,7 @@ for _path in (REPO, SCRIPTS):  # karotte from the checkout; bench_envs as a top-
         sys.path.insert(0, _path)
 
 from bench_sandbox import (Goal, PhaseTimer, Series, Stats, machine,  # noqa: E402
-                           load_line, render_cases_and_goals, run_cases)
+                           load_line, render_cases_and_goals, run_cases, select_cases)
 
 try:
     import bench_envs  # noqa: E402
@@ -882,10 +882,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = ap.parse_args(argv)
 
-    selected = [c.strip() for c in args.cases.split(",") if c.strip()]
-    unknown = sorted(set(selected) - set(CASES))
-    if unknown:
-        ap.error(f"unknown case(s) {','.join(unknown)}; choose from {','.join(CASES)}")
+    selected = select_cases(ap, args.cases, CASES)
     runs = args.episodes or (5 if args.quick else 200)
     if runs < 1 or args.files < 1:
         ap.error("--episodes and --files must be at least 1")

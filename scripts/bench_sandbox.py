@@ -1186,6 +1186,15 @@ def _series_rows(series: list[dict], baseline: float | None = None) -> list[str]
     return rows
 
 
+def select_cases(ap: argparse.ArgumentParser, text: str, cases: tuple[str, ...]) -> list[str]:
+    """--cases as a list; a usage error (exit 2) for a name not in cases."""
+    selected = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = sorted(set(selected) - set(cases))
+    if unknown:
+        ap.error(f"unknown case(s) {','.join(unknown)}; choose from {','.join(cases)}")
+    return selected
+
+
 def load_line(case: dict) -> str:
     """The host's other load during a case, as a line of the summary."""
     h = case.get("host_load")
@@ -1368,10 +1377,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = ap.parse_args(argv)
 
-    selected = [c.strip() for c in args.cases.split(",") if c.strip()]
-    unknown = sorted(set(selected) - set(CASES))
-    if unknown:
-        ap.error(f"unknown case(s) {','.join(unknown)}; choose from {','.join(CASES)}")
+    selected = select_cases(ap, args.cases, CASES)
     runs = args.runs or (5 if args.quick else 200)
     if runs < 1:
         ap.error("--runs must be at least 1")

@@ -9,6 +9,7 @@ import psutil
 import pytest
 
 from karotte import cgroups
+from karotte.errors import KarotteError
 from karotte.sandbox import Sandbox
 from karotte.spec import MiB, SandboxSpec
 
@@ -27,6 +28,17 @@ def karotte_cgroups(creator: int | None = None) -> set[str]:
         with open(os.path.join(path, "cgroup.procs")) as f:
             assert f.read() == "", f"a pooled cgroup holds tasks: {path}"
     return found - pooled
+
+
+def needs_sandbox():
+    """A skip mark for tests that need a working sandbox on this host, naming why not."""
+    try:
+        Sandbox().close()
+        why = None
+    except KarotteError as exc:
+        why = str(exc)
+    return pytest.mark.skipif(why is not None,
+                              reason=f"Karotte cannot create a sandbox here: {why}")
 
 
 def open_fds() -> set[int]:

@@ -13,8 +13,7 @@ import sys
 
 import pytest
 
-from karotte.errors import KarotteError
-from karotte.sandbox import Sandbox
+from conftest import needs_sandbox
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "scripts", "bench_sandbox.py")
@@ -22,17 +21,7 @@ CASES = ("lifecycle", "exec", "big_parent", "density", "phases")
 PEERS = {"bwrap": "bwrap", "unshare": "unshare (floor)", "runc": "runc"}
 
 
-def _why_no_sandbox() -> str | None:
-    try:
-        Sandbox().close()
-    except KarotteError as exc:
-        return str(exc)
-    return None
-
-
-_NO_SANDBOX = _why_no_sandbox()
-pytestmark = pytest.mark.skipif(_NO_SANDBOX is not None,
-                                reason=f"Karotte cannot create a sandbox here: {_NO_SANDBOX}")
+pytestmark = needs_sandbox()
 
 
 def _bench(out_dir, *args: str, env: dict | None = None) -> tuple[dict, str]:
