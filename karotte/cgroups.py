@@ -40,7 +40,7 @@ import time
 from typing import Callable
 from dataclasses import dataclass
 
-from karotte.errors import CgroupError, HostUnsupported
+from karotte.errors import CgroupError, HostUnsupported, out_of_fds
 
 PERIOD_US = 100_000  # CPU bandwidth period (cpu.max / cpu.cfs_period_us)
 MIN_QUOTA_US = 1_000  # the kernel refuses quotas under 1 ms
@@ -1060,14 +1060,15 @@ def backend(version: int) -> Backend:
 @functools.lru_cache(maxsize=1)
 def detect() -> Backend:
     """v2 where it offers memory, pids and cpu to our parent cgroup, else v1."""
-    try:
-        return V2Backend.probe()
-    except (HostUnsupported, CgroupError) as e2:
-        why2 = str(e2)
-    try:
-        return V1Backend.probe()
-    except (HostUnsupported, CgroupError) as e1:
-        why1 = str(e1)
+    why = []
+    for probe in (V2Backend.probe, V1Backend.probe):
+        try:
+            return probe()
+        except (HostUnsupported, CgroupError) as exc:
+            if out_of_fds(exc):
+                raise  # this process is out of fds: says nothing about the host
+            why.append(str(exc))
+    why2, why1 = why
     raise HostUnsupported("cgroups", f"neither cgroup backend can limit memory, pids and cpu "
                           f"here. v2: {why2}. v1: {why1}. Fix: boot with the unified "
                           f"hierarchy and {_DELEGATE_FIX}, or mount the v1 hierarchies "

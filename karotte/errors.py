@@ -1,5 +1,7 @@
 """Exceptions. Each message names the cause and the fix."""
 
+import errno
+
 
 class KarotteError(Exception):
     """Base class of every error Karotte raises on purpose."""
@@ -28,3 +30,16 @@ class SandboxClosed(SandboxError):
 
 class CgroupError(KarotteError):
     """A cgroup operation failed (create, limit, kill, remove)."""
+
+
+def out_of_fds(exc: BaseException | None) -> bool:
+    """Whether exc was caused, anywhere down its chain, by running out of file descriptors.
+
+    That is the state of this process (or of the host's file table), never a missing
+    feature: it must not be reported as one, nor degraded around.
+    """
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False

@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Sequence
 from . import cgroups, mounts, native
 from . import protocol as p
 from .results import ExecResult
-from .errors import CgroupError, HostUnsupported, SandboxClosed, SandboxError
+from .errors import CgroupError, HostUnsupported, SandboxClosed, SandboxError, out_of_fds
 from .seccomp import compile_policy
 from .spec import KiB, SandboxSpec
 
@@ -523,7 +523,7 @@ class _Core:
             self.send(_config_message(spec, ident), [])
         except BaseException as exc:
             self.destroy()
-            if _out_of_fds(exc):
+            if out_of_fds(exc):
                 raise _fd_exhaustion() from exc
             raise
 
@@ -534,7 +534,7 @@ class _Core:
                 cgroups.CgroupLimits(memory=spec.memory, pids=spec.pids, cpus=spec.cpus),
                 parent=self.cgroup_parent)
         except (HostUnsupported, CgroupError) as exc:
-            if _out_of_fds(exc):
+            if out_of_fds(exc):
                 raise _fd_exhaustion() from exc  # not the host's fault: no degrading for it
             if "cgroups" in spec.allow_degraded:
                 return None  # the caller accepted: no memory, pids or CPU limit
@@ -560,7 +560,7 @@ class _Core:
                 pass
             except OSError as exc:
                 self.destroy()
-                raise (_fd_exhaustion() if _out_of_fds(exc) else exc) from exc
+                raise (_fd_exhaustion() if out_of_fds(exc) else exc) from exc
             return
         for fd in fds:
             os.close(fd)
@@ -718,14 +718,6 @@ def _fd_exhaustion() -> SandboxError:
         f"this process is out of file descriptors ({in_use}, RLIMIT_NOFILE {soft}); a live "
         "sandbox holds 3 and each exec 3 more for a moment: raise the limit (ulimit -n, or "
         "resource.setrlimit) or close sandboxes")
-
-
-def _out_of_fds(exc: BaseException | None) -> bool:
-    while exc is not None:
-        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
 
 
 def _spawn_error(exc: native.SpawnError, cg: cgroups.Cgroup | None) -> Exception:

@@ -5,6 +5,7 @@ import asyncio
 import hashlib
 import json
 import errno
+import fcntl
 import os
 import resource
 import signal
@@ -413,19 +414,24 @@ def test_sandboxes_work_when_the_caller_holds_fds_above_1024(no_leaks):
 def test_running_out_of_fds_is_named_as_the_cause(no_leaks, spare):
     # Each count of spare fds runs out at a different step of the start (cgroup files,
     # socketpair, pidfd, the workspace fd); every step must name the cause and leave nothing.
+    # The backend is detected again, as in a fresh trainer: probing it needs fds too.
+    from karotte import cgroups
+    cgroups.detect.cache_clear()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     top = max(int(fd) for fd in os.listdir("/proc/self/fd"))
     resource.setrlimit(resource.RLIMIT_NOFILE, (top + 1, hard))
     filler = []
     try:
-        while True:  # fill every free number below the limit, then give back `spare`
+        while True:  # fill every free number below the limit (there may be none) ...
             try:
                 filler.append(os.open("/dev/null", os.O_RDONLY))
             except OSError as exc:
                 assert exc.errno == errno.EMFILE
                 break
-        for _ in range(spare):
-            os.close(filler.pop())
+        # ... then raise the limit by exactly `spare` numbers, all free
+        resource.setrlimit(resource.RLIMIT_NOFILE, (top + 1 + spare, hard))
+        for fd in range(top + 1):
+            fcntl.fcntl(fd, fcntl.F_GETFD)  # raises if a number below the old limit is free
         with pytest.raises(SandboxError, match="out of file descriptors"):
             with Sandbox():
                 pass
