@@ -10,7 +10,7 @@ import pytest
 
 from karotte import cgroups
 from karotte.errors import KarotteError
-from karotte.sandbox import Sandbox
+from karotte.sandbox import DEFAULT_UID_BASE, Sandbox
 from karotte.spec import MiB, SandboxSpec
 
 PYTHON_IN_SANDBOX = "/usr/bin/python3"  # the host's system Python, bound read-only
@@ -45,9 +45,33 @@ def open_fds() -> set[int]:
     return {int(fd) for fd in os.listdir("/proc/self/fd")}
 
 
+def sandbox_processes() -> set[int]:
+    """Every process on the host that runs under a sandbox's ids, or is a karotte-init,
+    whoever its parent is now. (Counting all host processes would also count the host's
+    own churn: kworkers after cgroup work, timers, logins.)"""
+    base = int(os.environ.get("KAROTTE_UID_BASE", DEFAULT_UID_BASE))
+    found = set()
+    for proc in psutil.process_iter(["uids", "name"]):
+        uids = proc.info["uids"]
+        if proc.info["name"] == "karotte-init" or (uids and max(uids) >= base):
+            found.add(proc.pid)
+    return found
+
+
 def child_inits() -> list[psutil.Process]:
     return [c for c in psutil.Process().children(recursive=True)
             if c.name() == "karotte-init"]
+
+
+# Mounts that the host makes on its own while tests run: a login's runtime dir, the
+# binfmt_misc automount. Karotte mounts nothing there.
+HOST_MOUNT_CHURN = ("/run/user/", "/proc/sys/fs/binfmt_misc")
+
+
+def host_mounts() -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [line for line in f
+                if not line.split()[4].startswith(HOST_MOUNT_CHURN)]
 
 
 @pytest.fixture
@@ -55,15 +79,13 @@ def no_leaks():
     """Asserts that the test left no sandbox cgroup, fd, init process or mount behind."""
     cgroups_before = karotte_cgroups()
     fds_before = open_fds()
-    with open("/proc/self/mountinfo") as f:
-        mounts_before = f.read()
+    mounts_before = host_mounts()
     yield
     assert karotte_cgroups() - cgroups_before == set(), "sandbox cgroups left on the host"
     assert child_inits() == [], "karotte-init processes left running"
     leaked = open_fds() - fds_before
     assert leaked == set(), f"fds left open: {[os.readlink(f'/proc/self/fd/{fd}') for fd in leaked if os.path.exists(f'/proc/self/fd/{fd}')]}"
-    with open("/proc/self/mountinfo") as f:
-        assert f.read() == mounts_before, "the host's mount table changed"
+    assert host_mounts() == mounts_before, "the host's mount table changed"
 
 
 @pytest.fixture

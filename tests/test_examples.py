@@ -130,7 +130,7 @@ def test_speedup_a_slowed_down_workspace_baseline_is_never_timed(no_leaks):
     slowed = BASELINE.replace("main()\n", "import time\ntime.sleep(3)\nmain()\n")
     outcome = play(Speedup(), ["cp baseline.py solution.py", write("baseline.py", slowed)])
     assert graded(outcome, 0.0), outcome.details
-    assert outcome.details["baseline_seconds"] < 2.5
+    assert outcome.details["baseline_seconds"] < 3.0  # the slowed one sleeps 3 s
 
 
 def test_speedup_a_workspace_baseline_that_agrees_with_a_wrong_solution_scores_0(no_leaks):

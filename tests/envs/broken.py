@@ -45,11 +45,14 @@ class TightScanLimits(Addition):
 
 
 class SlowGrader(Addition):
-    """Its grader takes three seconds, whatever the answer."""
+    """Its grader takes three seconds, whatever the answer, and says when it started
+    (CLOCK_MONOTONIC: the sandbox has no time namespace, so the trainer's clock)."""
 
     seconds = 3.0
 
     def grade(self, ctx):
         import time
+        started = time.monotonic()
         time.sleep(self.seconds)
-        return super().grade(ctx)
+        reward = super().grade(ctx)
+        return Grade(reward, {"started": started}) if isinstance(reward, float) else reward
