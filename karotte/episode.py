@@ -47,6 +47,7 @@ eval "$1"
 """ % {"state": SHELL_STATE}
 TRUNCATED = "\n[karotte: output truncated, only the first {limit} bytes of {stream} are shown]\n"
 DEFAULT_CONCURRENCY = 64
+MAX_ARGUMENT = 128 * 1024 - 1  # MAX_ARG_STRLEN: the kernel's limit on one argv string
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,11 @@ def _tarball(files: Mapping[str, bytes | str | File]) -> bytes:
     return buf.getvalue()
 
 
+def bash_argv(command: str) -> list[str]:
+    """The agent's bash tool: one command run in the persistent shell state."""
+    return ["/bin/bash", "--noprofile", "--norc", "-c", SHELL, "bash", command]
+
+
 class _Flow:
     """The episode's state and its decisions, shared by the sync and async faces."""
 
@@ -145,9 +151,24 @@ class _Flow:
         return (["tar", "-x", "--no-same-owner", "-m", "-C", "/workspace", "-f", "-"],
                 _tarball(files))
 
-    @staticmethod
-    def bash_argv(command: str) -> list[str]:
-        return ["/bin/bash", "--noprofile", "--norc", "-c", SHELL, "bash", command]
+    def argv(self, tool: str, argument: str) -> list[str] | ToolResult:
+        """The argv that runs this call of the bash, read_file or write_file tool, or, for
+        an argument no process can take (a NUL byte, over the kernel's 128 KiB for one
+        argument), the ToolResult that says so: a model's output must never raise into
+        the trainer's loop."""
+        what = "command" if tool == "bash" else "path"
+        size = len(argument.encode("utf-8", "surrogateescape"))
+        if "\0" in argument:
+            why = f"the {what} contains a NUL byte, which no program can take as an argument"
+        elif size > MAX_ARGUMENT:
+            why = (f"the {what} is {size} bytes, over the limit of {MAX_ARGUMENT}; "
+                   "write long content to a file with write_file")
+        else:
+            return {"bash": bash_argv(argument),
+                    "read_file": ["cat", "--", argument],
+                    "write_file": ["/bin/sh", "-c", 'cat > "$1"', "sh", argument]}[tool]
+        self.log.append(ExecRecord(tool, argument, None, False, False, 0.0))
+        return ToolResult(f"error: {why}; nothing was run", None, False, False, 0.0)
 
     def record(self, tool: str, argument: str, result: ExecResult, limit: int) -> ToolResult:
         truncated = result.stdout_truncated or result.stderr_truncated
@@ -256,20 +277,28 @@ class Episode:
     def exec(self, command: str, timeout: float | None = None) -> ToolResult:
         """The agent's bash tool: cd and export carry over to the next command."""
         sb = self._live()
-        r = sb.exec(self._flow.bash_argv(command), timeout=timeout)
-        return self._flow.record("bash", command, r, sb.spec.output_limit)
+        argv = self._flow.argv("bash", command)
+        if isinstance(argv, ToolResult):
+            return argv
+        return self._flow.record("bash", command, sb.exec(argv, timeout=timeout),
+                                 sb.spec.output_limit)
 
     def read_file(self, path: str) -> ToolResult:
         """Read a file with the agent's rights (relative paths are under /workspace)."""
         sb = self._live()
-        r = sb.exec(["cat", "--", path])
-        return self._flow.record("read_file", path, r, sb.spec.output_limit)
+        argv = self._flow.argv("read_file", path)
+        if isinstance(argv, ToolResult):
+            return argv
+        return self._flow.record("read_file", path, sb.exec(argv), sb.spec.output_limit)
 
     def write_file(self, path: str, content: str | bytes) -> ToolResult:
         """Write a file with the agent's rights (relative paths are under /workspace)."""
         sb = self._live()
-        r = sb.exec(["/bin/sh", "-c", 'cat > "$1"', "sh", path], stdin=content)
-        return self._flow.record("write_file", path, r, sb.spec.output_limit)
+        argv = self._flow.argv("write_file", path)
+        if isinstance(argv, ToolResult):
+            return argv
+        return self._flow.record("write_file", path, sb.exec(argv, stdin=content),
+                                 sb.spec.output_limit)
 
     def give_up(self) -> Outcome:
         """The honest way out: the episode ends now with the bottom reward."""
@@ -344,6 +373,11 @@ class AsyncEpisode:
     def env(self) -> Environment:
         return self._flow.env
 
+    @property
+    def done(self) -> bool:
+        """Whether the episode has ended (finish() or give_up())."""
+        return self._flow.finished is not None
+
     async def reset(self) -> str:
         flow = self._flow
         slot = _loop_slots().semaphore
@@ -371,18 +405,26 @@ class AsyncEpisode:
 
     async def exec(self, command: str, timeout: float | None = None) -> ToolResult:
         sb = self._live()
-        r = await sb.exec(self._flow.bash_argv(command), timeout=timeout)
-        return self._flow.record("bash", command, r, sb.spec.output_limit)
+        argv = self._flow.argv("bash", command)
+        if isinstance(argv, ToolResult):
+            return argv
+        return self._flow.record("bash", command, await sb.exec(argv, timeout=timeout),
+                                 sb.spec.output_limit)
 
     async def read_file(self, path: str) -> ToolResult:
         sb = self._live()
-        r = await sb.exec(["cat", "--", path])
-        return self._flow.record("read_file", path, r, sb.spec.output_limit)
+        argv = self._flow.argv("read_file", path)
+        if isinstance(argv, ToolResult):
+            return argv
+        return self._flow.record("read_file", path, await sb.exec(argv), sb.spec.output_limit)
 
     async def write_file(self, path: str, content: str | bytes) -> ToolResult:
         sb = self._live()
-        r = await sb.exec(["/bin/sh", "-c", 'cat > "$1"', "sh", path], stdin=content)
-        return self._flow.record("write_file", path, r, sb.spec.output_limit)
+        argv = self._flow.argv("write_file", path)
+        if isinstance(argv, ToolResult):
+            return argv
+        return self._flow.record("write_file", path, await sb.exec(argv, stdin=content),
+                                 sb.spec.output_limit)
 
     async def give_up(self) -> Outcome:
         self._live()

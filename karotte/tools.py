@@ -83,7 +83,8 @@ def anthropic_tools() -> list[dict[str, Any]]:
 
 def call_tool(episode: Episode, name: str, arguments: Mapping[str, Any] | str) -> str:
     """Run one tool call of the model and return what the model should see. Bad calls
-    (unknown tool, missing argument) come back as text, so the model can correct itself."""
+    (unknown tool, missing argument, a NUL byte or an over-long argument, a call after
+    the episode ended) come back as text, so the model can correct itself."""
     if isinstance(arguments, str):  # OpenAI passes arguments as a JSON string
         try:
             arguments = json.loads(arguments or "{}")
@@ -99,6 +100,8 @@ def call_tool(episode: Episode, name: str, arguments: Mapping[str, Any] | str) -
         arguments.get(k), str)]
     if missing:
         return f"error: {name} needs the string argument(s) {', '.join(missing)}"
+    if episode.done:  # e.g. give_up came first among parallel tool calls
+        return f"error: the episode is over; {name} was not run"
     if name == "bash":
         result = episode.exec(arguments["command"])
         return result.text + ("" if result.exit_code in (0, None) else

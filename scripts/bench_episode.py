@@ -350,7 +350,7 @@ def _command_series(runs: int, log) -> list[dict]:
         "agent sandbox: /bin/true": ["/bin/true"],
         "agent sandbox: bash -c true": ["/bin/bash", "--noprofile", "--norc", "-c", "true"],
         f"agent sandbox: the bash tool's wrapper around `{COMMAND}`":
-            episode._Flow.bash_argv(COMMAND),
+            episode.bash_argv(COMMAND),
     }
     host_cmd = python + ["-c", "pass"]
     host_name = "host, no sandbox: python3 -I -B -c pass"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from envs.basic import Addition
-from karotte.episode import Episode
+from karotte.episode import MAX_ARGUMENT, Episode
 from karotte.tools import anthropic_tools, call_tool, openai_tools
 
 NAMES = ["bash", "read_file", "write_file", "give_up"]
@@ -54,4 +54,32 @@ def test_give_up_through_the_tool_ends_the_episode(no_leaks):
         ep.reset()
         assert "over" in call_tool(ep, "give_up", {})
         assert ep.done
+        assert ep.finish().reason == "gave_up"
+
+
+def test_calls_no_process_could_take_come_back_as_text_and_the_episode_goes_on(no_leaks):
+    # A model's output is untrusted: a NUL byte or a 300 KB heredoc must not raise into
+    # the trainer's loop (an exception there drops the sample: XEP-FAILOPEN-01).
+    with Episode(Addition(), seed=4) as ep:
+        ep.reset()
+        assert "NUL byte" in call_tool(ep, "bash", {"command": "echo a\0b"})
+        assert "NUL byte" in call_tool(ep, "read_file", {"path": "answer\0.txt"})
+        assert "NUL byte" in call_tool(ep, "write_file", {"path": "a\0", "content": "x"})
+        heredoc = "cat > big.txt <<'EOF'\n" + "x" * 300_000 + "\nEOF"
+        assert "over the limit" in call_tool(ep, "bash", {"command": heredoc})
+        # the way to write it, and what the shell can take, still work
+        assert call_tool(ep, "write_file", {"path": "big.txt", "content": "x" * 300_000}) == "written"
+        near = "true " + "#" * (MAX_ARGUMENT - 6)
+        assert call_tool(ep, "bash", {"command": near}) == ""
+        assert call_tool(ep, "bash", {"command": "wc -c < big.txt"}).strip() == "300000"
+        assert [r.exit_code for r in ep.finish().log] == [None, None, None, None, 0, 0, 0]
+
+
+def test_parallel_calls_after_give_up_come_back_as_text(no_leaks):
+    with Episode(Addition(), seed=4) as ep:
+        ep.reset()
+        replies = [call_tool(ep, name, args) for name, args in
+                   [("give_up", {}), ("bash", {"command": "true"}), ("read_file", {"path": "x"})]]
+        assert "over" in replies[0]
+        assert all(r.startswith("error: the episode is over") for r in replies[1:])
         assert ep.finish().reason == "gave_up"
