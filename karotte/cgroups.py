@@ -49,6 +49,7 @@ STALE_SEARCH_DEPTH = 8
 ENV_PARENT = "KAROTTE_CGROUP_PARENT"
 ENV_POOL = "KAROTTE_CGROUP_POOL"
 DEFAULT_POOL_SIZE = 16
+SOCKET_BUDGET_FLOOR = 16 << 20  # v1: socket buffers allowed at least (bounded by memory)
 POOL_MAX_LEFTOVER = 8 << 20  # bytes still charged to a released cgroup that may be reused
 
 V2_CONTROLLERS = ("cpu", "memory", "pids")
@@ -765,6 +766,12 @@ class _V2Cgroup(Cgroup):
         self._dir_fd = self._events_fd = self._peak_fd = None
 
 
+def socket_budget(memory: int) -> int:
+    """cgroup v1: the bytes of socket buffers a cgroup with this memory limit may hold,
+    on top of that limit (v2 counts them in it)."""
+    return max(memory // 4, min(memory, SOCKET_BUDGET_FLOOR))
+
+
 class _V1Cgroup(Cgroup):
     version = 1
 
@@ -852,6 +859,12 @@ class _V1Cgroup(Cgroup):
             order.insert(0 if grows else 1, (memsw, str(limits.memory)))
         for path, value in order:
             _write(path, value)
+        tcp = self._file("memory", "memory.kmem.tcp.limit_in_bytes")
+        if os.path.exists(tcp):
+            # v1 charges socket buffers (TCP and UDP) to a cgroup only once this limit is
+            # set, and then to a counter of their own beside the memory limit: without it
+            # an agent parks gigabytes in loopback sockets, outside every limit.
+            _write(tcp, str(socket_budget(limits.memory)))
         _write(self._file("pids", "pids.max"), str(limits.pids))
         # cpu.cfs_period_us of a new cgroup is the kernel's default, PERIOD_US: only the
         # quota needs writing.
