@@ -60,17 +60,20 @@ class GradeReport:
 
 
 def sandbox_owner() -> tuple[int, int]:
-    """Host uid and gid of a sandbox's processes (the grader runs as the agent uid too)."""
+    """Host uid and gid for what sandboxes may read: root inside every sandbox (init
+    binds it) and the agent gid, which all sandboxes share (the grader runs as the agent
+    uid, one of its own per sandbox: Sandbox's uid map)."""
     if os.geteuid() == 0:
         base = int(os.environ.get("KAROTTE_UID_BASE", DEFAULT_UID_BASE))
-        return base + AGENT_UID, base + AGENT_UID
+        return base, base + AGENT_UID
     return os.geteuid(), os.getegid()
 
 
 def private_dir(tag: str) -> str:
-    """A fresh host directory only root and sandbox processes can read (mode 0700, owned
-    by the sandbox's host uid): bind sources of hidden data and submissions."""
-    path = hostdirs.new_dir(tag, 0o700)
+    """A fresh host directory only root and sandbox processes can read (owned by
+    sandbox_owner(); mode 0750 as root, through the agent gid; unprivileged 0700, as
+    sandboxes run as the caller): bind sources of hidden data and submissions."""
+    path = hostdirs.new_dir(tag, 0o750 if os.geteuid() == 0 else 0o700)
     os.chown(path, *sandbox_owner())
     return path
 

@@ -714,7 +714,8 @@ class _Judge:
 
         name = "separate-host-uid"
         how = (f"as root, the sandbox's ids map to host {DEFAULT_UID_BASE:#x}.. "
-               f"(KAROTTE_UID_BASE), so the agent is host uid {DEFAULT_UID_BASE + AGENT_UID:#x}")
+               f"(KAROTTE_UID_BASE), and the agent is a host uid of its own per sandbox, from "
+               f"{DEFAULT_UID_BASE + 65536:#x}..")
         host_uid = self.ev.agent_host_uid if self.ev else None
         if not self.host.root:
             seen = ""
@@ -741,8 +742,9 @@ class _Judge:
     def own_userns_owner(self) -> Protection:
         name = "own-userns-owner"
         how = ("as root, each sandbox's user namespace is created by a host uid of its own, "
-               "so per-user kernel counts made inside (inotify instances, message-queue bytes, "
-               "queued signals) are charged to it, not to the caller")
+               "and the agent runs as it, so per-user kernel counts made inside (inotify "
+               "instances, message-queue bytes, queued signals, epoll watches, pipe buffers, "
+               "fds in flight) are charged to it, not to the caller or other sandboxes")
         owner = self.ev.userns_owner if self.ev else None
         if not self.host.root:
             return self.line(
@@ -761,9 +763,14 @@ class _Judge:
         if owner in (0, self.host.euid):
             return self.line(name, False, how, f"the sandbox's user namespace is owned by host "
                              f"uid {owner}, the caller's")
+        agent = self.ev.agent_host_uid
+        if agent != owner:
+            return self.line(name, False, how, f"the agent's files belong to host uid {agent}, "
+                             f"not to the namespace's owner {owner}: per-uid counts of all "
+                             f"sandboxes are pooled")
         return self.line(name, True, f"the sandbox's user namespace is owned by host uid "
-                         f"{owner} ({owner:#x}), not the caller's ({self.host.euid}); that uid "
-                         f"is {_account(owner)}")
+                         f"{owner} ({owner:#x}), the agent's own, not the caller's "
+                         f"({self.host.euid}); that uid is {_account(owner)}")
 
     def new_session(self) -> Protection:
         how = "setsid() before exec: no controlling tty shared with the host"

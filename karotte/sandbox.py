@@ -77,12 +77,28 @@ class _Identity:
     owner_gid: int
     ns_owners: int | None = None  # root: first of the host ids that own user namespaces
 
+    def agent_uid_map(self, owner: tuple[int, int] | None) -> str:
+        """The uid map of a sandbox whose user namespace `owner` owns (root): the agent's
+        uid is that owner's host uid, one of its own. The kernel keeps some counts per
+        host uid, namespace or not (epoll watches, pipe buffers, fds in flight on unix
+        sockets, keys): sandboxes sharing one agent uid shared those pools, and one
+        agent could use them up for all the others. Its other ids keep the shared range
+        (the agent runs as uid 1000 only); gids too: files for the grader are readable
+        through the shared agent gid (grading.private_dir)."""
+        if owner is None:
+            return self.uid_map
+        base = self.ns_owners - 65536
+        return (f"0 {base} {AGENT_UID}\n{AGENT_UID} {owner[0]} 1\n"
+                f"{AGENT_UID + 1} {base + AGENT_UID + 1} {65536 - AGENT_UID - 1}\n")
+
     def ns_owner(self) -> tuple[int, int] | None:
         """The host uid and gid that create the next sandbox's user namespace, or None
         for the caller's own. Per-user kernel counts made inside a sandbox (inotify,
         message queues, queued signals) are charged to them on the host. The owner has
-        every capability over the namespace, so no host process may run as it: the
-        NS_OWNERS ids right after the mapped ones, reserved with them. Each process
+        every capability over the namespace, so no process of the host's user namespace
+        may run as it: the NS_OWNERS ids right after the mapped ones, reserved with them.
+        (The agent runs as it, inside the namespace: owning a namespace gives nothing to
+        the processes in it, only to those in its parent.) Each process
         starts at a random one and takes the next for each sandbox."""
         if self.ns_owners is None:
             return None
@@ -502,10 +518,11 @@ class _Core:
                     child.close()
                     child = socket.socket(fileno=child_fd)
                 cg = self.cgroup
+                owner = ident.ns_owner()
                 try:
                     self.pid, self.pidfd, self._spawn_args = native.spawn_init(
                         child.fileno(), cg and cg.clone_fd(), cg and cg.tasks_files(),
-                        cg and cg.freezer_state_file(), ident.ns_owner())
+                        cg and cg.freezer_state_file(), owner)
                 except native.SpawnError as exc:
                     raise _spawn_error(exc, cg) from exc
             finally:
@@ -517,7 +534,7 @@ class _Core:
                 cg.place(self.pid)
             if ident.deny_setgroups:
                 _write_proc(self.pid, "setgroups", "deny")
-            _write_proc(self.pid, "uid_map", ident.uid_map)
+            _write_proc(self.pid, "uid_map", ident.agent_uid_map(owner))
             _write_proc(self.pid, "gid_map", ident.gid_map)
             self.send(p.Message(p.GO).to_bytes(), [])
             self.send(_config_message(spec, ident), [])

@@ -8,6 +8,7 @@ import errno
 import fcntl
 import os
 import resource
+import shlex
 import signal
 import stat
 import time
@@ -20,7 +21,7 @@ import pytest
 
 from conftest import child_inits, karotte_cgroups, py, sandbox_processes
 from karotte.errors import SandboxClosed, SandboxError
-from karotte.sandbox import DEFAULT_UID_BASE, AGENT_UID, AsyncSandbox, Sandbox
+from karotte.sandbox import DEFAULT_UID_BASE, AGENT_UID, NS_OWNERS, AsyncSandbox, Sandbox
 from karotte.spec import Bind, MiB, SandboxSpec
 
 NAMESPACES = ("user", "pid", "mnt", "net", "ipc", "uts", "cgroup")
@@ -51,11 +52,66 @@ def test_agent_is_an_unprivileged_host_uid_never_root_or_the_caller(sandbox):
     assert r.stdout == b"started\n"
     host_pids = [pid for pid in sandbox.cgroup.pids() if pid != sandbox.init_pid]
     assert host_pids, "the background sleep is not in the sandbox's cgroup"
+    owners = range(DEFAULT_UID_BASE + 65536, DEFAULT_UID_BASE + 65536 + NS_OWNERS)
     for pid in host_pids:
-        uids = psutil.Process(pid).uids()
-        assert set(uids) == {DEFAULT_UID_BASE + AGENT_UID}
+        proc = psutil.Process(pid)
+        uids, gids = set(proc.uids()), set(proc.gids())
+        assert len(uids) == 1 and uids.pop() in owners  # one of its own, reserved
+        assert gids == {DEFAULT_UID_BASE + AGENT_UID}
     init_uids = psutil.Process(sandbox.init_pid).uids()
     assert set(init_uids) == {DEFAULT_UID_BASE}, "init must not be host root either"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid range is mapped only for root callers")
+def test_each_sandbox_s_agent_has_a_host_uid_of_its_own(no_leaks):
+    # The kernel counts epoll watches, pipe buffers, fds in flight and keys per host
+    # uid, namespaces or not: one agent uid for all sandboxes let one agent use them up
+    # for every other sandbox (ENOSPC from epoll_ctl, 8 KiB pipes).
+    sandboxes = [Sandbox() for _ in range(3)]
+    try:
+        host_uids = set()
+        for sb in sandboxes:
+            r = sb.exec("sleep 30 & echo started")
+            assert r.stdout == b"started\n"
+            agents = [pid for pid in sb.cgroup.pids() if pid != sb.init_pid]
+            host_uids |= {psutil.Process(pid).uids().real for pid in agents}
+            assert sb.exec("id -u").stdout == b"1000\n"
+        assert len(host_uids) == 3
+    finally:
+        for sb in sandboxes:
+            sb.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid range is mapped only for root callers")
+def test_an_agent_that_takes_its_pipe_buffer_quota_leaves_other_sandboxes_theirs(no_leaks):
+    # pipe-user-pages-soft: past it, a user's new pipes get one page. Hog this sandbox's
+    # quota, then a pipe in the next sandbox must still get its 64 KiB.
+    soft = int(open("/proc/sys/fs/pipe-user-pages-soft").read())
+    if soft == 0:
+        pytest.skip("fs.pipe-user-pages-soft is 0 (no per-user pipe quota on this host)")
+    hog = py(f"""
+import fcntl, os, time
+pipes = []
+while True:
+    r, w = os.pipe(); pipes += [r, w]
+    if fcntl.fcntl(w, 1032) < 65536:  # F_GETPIPE_SZ: the quota is used up
+        break
+    try:
+        fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ: take 256 pages a pipe
+    except OSError:
+        pass
+print(len(pipes) // 2, flush=True)
+time.sleep(60)
+""")
+    victim = py("import fcntl, os; r, w = os.pipe(); print(fcntl.fcntl(w, 1032))")
+    with Sandbox(SandboxSpec(nofile=4096)) as a, Sandbox() as b:
+        a.exec(f"{shlex.join(hog)} > /tmp/count &")
+        deadline = time.monotonic() + 20
+        while a.exec("cat /tmp/count").stdout == b"" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert a.exec("cat /tmp/count").stdout.strip(), "the hog never used up its quota"
+        assert int(a.exec(victim).stdout) < 65536  # the hog's own sandbox is out of quota
+        assert b.exec(victim).stdout == b"65536\n"
 
 
 @pytest.mark.cgroup2
