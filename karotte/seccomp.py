@@ -40,6 +40,7 @@ _TABLE: dict[str, tuple[int | None, int | None]] = {
     "ioctl":                    (16,    29),
     "socket":                   (41,    198),
     "socketpair":               (53,    199),
+    "setsockopt":               (54,    208),
     "clone":                    (56,    220),
     "ptrace":                   (101,   117),
     "syslog":                   (103,   116),
@@ -53,6 +54,7 @@ _TABLE: dict[str, tuple[int | None, int | None]] = {
     "vhangup":                  (153,   58),
     "modify_ldt":               (154,   None),  # x86 segment descriptors
     "pivot_root":               (155,   41),
+    "prctl":                    (157,   167),
     "adjtimex":                 (159,   171),
     "chroot":                   (161,   51),
     "acct":                     (163,   89),
@@ -69,6 +71,9 @@ _TABLE: dict[str, tuple[int | None, int | None]] = {
     "quotactl":                 (179,   60),
     "nfsservctl":               (180,   42),
     "lookup_dcookie":           (212,   18),
+    # aarch64 has only fadvise64_64 (asm-generic's __NR3264_fadvise64), with the same
+    # arguments in the same order (fd, offset, len, advice).
+    "fadvise64":                (221,   223),
     "clock_settime":            (227,   112),
     "kexec_load":               (246,   104),
     "add_key":                  (248,   217),
@@ -87,6 +92,7 @@ _TABLE: dict[str, tuple[int | None, int | None]] = {
     "process_vm_writev":        (311,   271),
     "kcmp":                     (312,   272),
     "finit_module":             (313,   273),
+    "seccomp":                  (317,   277),
     "kexec_file_load":          (320,   294),
     "bpf":                      (321,   280),
     "userfaultfd":              (323,   282),
@@ -149,9 +155,22 @@ AF_INET6 = 10
 PER_LINUX = 0
 PERSONALITY_QUERY = 0xFFFFFFFF
 
+SECCOMP_SET_MODE_FILTER = 1  # seccomp(2) op
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2  # prctl(PR_SET_SECCOMP) mode
+
+# asm-generic/socket.h: the same on x86_64 and aarch64.
+SOL_SOCKET = 1
+SO_ATTACH_FILTER = 26
+SO_ATTACH_BPF = 50
+SO_ATTACH_REUSEPORT_CBPF = 51
+SO_ATTACH_REUSEPORT_EBPF = 52
+
+POSIX_FADV_DONTNEED = 4  # 6 on s390 only
+
 # --- Policy -----------------------------------------------------------------------------
 
-_MAX_VALUES = 64  # per condition; keeps every jump of the compiled rule short
+_MAX_VALUES = 64  # per rule, all its conditions together; keeps every jump short
 
 
 def _check_arg(arg: int) -> None:
@@ -213,20 +232,34 @@ class ArgNotIn:
 Condition = ArgHasAnyBit | ArgIn | ArgNotIn
 
 
+def _conditions(when: Condition | tuple[Condition, ...] | None) -> tuple[Condition, ...]:
+    """A rule's ``when`` as a tuple of conditions that must all hold (empty: always)."""
+    if when is None:
+        return ()
+    return when if isinstance(when, tuple) else (when,)
+
+
 @dataclass(frozen=True)
 class Rule:
     """Calls to ``syscalls`` fail with ``errno`` (when ``when`` holds, if it is given).
 
+    ``when`` is one condition, or a tuple of conditions on distinct arguments that must
+    all hold (setsockopt's level and optname). ``errno`` 0 makes the call a no-op that
+    returns 0, for calls whose effect is advice the caller cannot count on.
+
     Conditions look at the low 32 bits of an argument only. That is exact for the
     arguments the default policy inspects, which the kernel itself truncates to 32 bits
-    (ioctl's cmd, socket's domain, clone's flags, personality's persona), so a caller
-    cannot hide a value in the high word.
+    (ioctl's cmd, socket's domain, clone's flags, personality's persona, seccomp's op,
+    prctl's option, setsockopt's level and optname, fadvise64's advice), so a caller
+    cannot hide a value in the high word. prctl(PR_SET_SECCOMP)'s mode is a whole
+    unsigned long to the kernel: an ArgIn on its low word also matches values the kernel
+    rejects (EINVAL), never fewer than it accepts.
     """
 
     syscalls: tuple[str, ...]
     reason: str
     errno: int = EPERM
-    when: Condition | None = None
+    when: Condition | tuple[Condition, ...] | None = None
 
     def __post_init__(self):
         if isinstance(self.syscalls, str):
@@ -246,11 +279,22 @@ class Rule:
             raise SeccompError(f"the rule for {', '.join(self.syscalls)} needs a reason: "
                                f"say which attack it stops")
         if not isinstance(self.errno, int) or isinstance(self.errno, bool) \
-                or not 1 <= self.errno <= 4095:
-            raise SeccompError(f"Rule.errno must be an errno in 1..4095, got {self.errno!r}")
-        if self.when is not None and not isinstance(self.when, (ArgHasAnyBit, ArgIn, ArgNotIn)):
-            raise SeccompError(f"Rule.when must be ArgHasAnyBit, ArgIn, ArgNotIn or None, "
-                               f"got {self.when!r}")
+                or not 0 <= self.errno <= 4095:
+            raise SeccompError(f"Rule.errno must be an errno in 1..4095, or 0 for a no-op "
+                               f"that returns 0, got {self.errno!r}")
+        conditions = _conditions(self.when)
+        if (isinstance(self.when, tuple) and not self.when) or not all(
+                isinstance(c, (ArgHasAnyBit, ArgIn, ArgNotIn)) for c in conditions):
+            raise SeccompError(f"Rule.when must be ArgHasAnyBit, ArgIn, ArgNotIn, a non-empty "
+                               f"tuple of them, or None, got {self.when!r}")
+        args = [c.arg for c in conditions]
+        if len(set(args)) != len(args):
+            raise SeccompError(f"Rule.when has two conditions on one argument: {self.when!r}; "
+                               f"merge them into one")
+        compared = sum(1 if isinstance(c, ArgHasAnyBit) else len(c.values) for c in conditions)
+        if compared > _MAX_VALUES:
+            raise SeccompError(f"the rule for {', '.join(self.syscalls)} compares {compared} "
+                               f"values; at most {_MAX_VALUES} in all (a mask counts as one)")
 
 
 @dataclass(frozen=True)
@@ -299,6 +343,28 @@ DEFAULT_POLICY = Policy(rules=(
                 "the agent shares init's host uid, and prlimit on pid 1 (RLIMIT_NOFILE 3) "
                 "would wedge the sandbox into looking like an infrastructure failure; "
                 "glibc's own setrlimit and getrlimit pass pid 0"),
+    Rule("seccomp", when=ArgIn(0, (SECCOMP_SET_MODE_FILTER,)),
+         reason="RES-BPFJIT-01: every seccomp filter is JIT-compiled and charged to the "
+                "host-wide BPF JIT budget (net.core.bpf_jit_limit); an agent stacking "
+                "filters, or pinning them with a SECCOMP_FILTER_FLAG_NEW_LISTENER fd, uses "
+                "it up, and then no new sandbox (and no unprivileged host service) can load "
+                "its filter. The GET_ACTION_AVAIL and GET_NOTIF_SIZES queries pass"),
+    Rule("prctl", when=(ArgIn(0, (PR_SET_SECCOMP,)), ArgIn(1, (SECCOMP_MODE_FILTER,))),
+         reason="RES-BPFJIT-01: PR_SET_SECCOMP with SECCOMP_MODE_FILTER is the older way to "
+                "load a seccomp filter; every other prctl passes"),
+    Rule("setsockopt", when=(ArgIn(1, (SOL_SOCKET,)),
+                             ArgIn(2, (SO_ATTACH_FILTER, SO_ATTACH_REUSEPORT_CBPF,
+                                       SO_ATTACH_BPF, SO_ATTACH_REUSEPORT_EBPF))),
+         reason="RES-BPFJIT-01: a classic BPF socket filter is JIT-compiled into the same "
+                "host-wide budget (about 34 KiB for a large one, on each of a thousand "
+                "sockets); the eBPF variants attach a program from bpf(), which is denied "
+                "too. Detaching a filter and SO_LOCK_FILTER allocate nothing and pass"),
+    Rule("fadvise64", errno=0, when=ArgIn(3, (POSIX_FADV_DONTNEED,)),
+         reason="RES-PAGECACHE-01: POSIX_FADV_DONTNEED drops a file's clean pages from the "
+                "page cache, which the read-only binds of the host's /usr share with the "
+                "host and every sandbox: read and DONTNEED in a loop made them all read "
+                "from disk (1.1 GiB/s). Errno 0 makes it a no-op that returns 0, which "
+                "advice may be. advice is args[3] on x86_64 and aarch64 (fadvise64_64)"),
     # Rules that deny a syscall whatever its arguments.
     Rule("clone3", errno=ENOSYS,
          reason="ESC-USERNS-01: clone3 passes its flags in memory, which a seccomp filter "
@@ -407,21 +473,32 @@ def _body(rule: Rule) -> list[bytes]:
     Because each body returns, the next rule is reached only from the syscall-number
     compare in front of the body, with the accumulator still holding nr. All jumps are
     local to one body, so none can outgrow the 8-bit jt/jf fields.
+
+    Each condition is a block that falls through to the next when it holds and jumps to
+    the final ``ret ALLOW`` when it does not; after the last block, ``ret ERRNO``.
     """
-    deny = _ret(SECCOMP_RET_ERRNO | rule.errno)
-    allow = _ret(SECCOMP_RET_ALLOW)
-    cond = rule.when
-    if cond is None:
-        return [deny]
-    load = _insn(_BPF_LD_W_ABS, _arg_low(cond.arg))
-    if isinstance(cond, ArgHasAnyBit):
-        return [load, _insn(_BPF_JSET_K, cond.mask, jt=0, jf=1), deny, allow]
-    n = len(cond.values)
-    # Compare i jumps over the remaining n-1-i compares and the first return.
-    compares = [_insn(_BPF_JEQ_K, v, jt=n - i, jf=0) for i, v in enumerate(cond.values)]
-    if isinstance(cond, ArgIn):
-        return [load, *compares, allow, deny]
-    return [load, *compares, deny, allow]
+    conditions = _conditions(rule.when)
+    sizes = [2 if isinstance(c, ArgHasAnyBit) else 1 + len(c.values) for c in conditions]
+    allow_at = sum(sizes) + 1  # index of ret ALLOW within the body, after ret ERRNO
+    body: list[bytes] = []
+    for cond, size in zip(conditions, sizes):
+        body.append(_insn(_BPF_LD_W_ABS, _arg_low(cond.arg)))
+        end = len(body) + size - 1  # first instruction after this block
+        if isinstance(cond, ArgHasAnyBit):
+            body.append(_insn(_BPF_JSET_K, cond.mask, jt=0, jf=allow_at - len(body) - 1))
+            continue
+        for i, value in enumerate(cond.values):
+            pc = len(body)
+            if isinstance(cond, ArgNotIn):  # any equal value: the condition fails
+                body.append(_insn(_BPF_JEQ_K, value, jt=allow_at - pc - 1, jf=0))
+            elif i < len(cond.values) - 1:  # ArgIn: an equal value ends the block
+                body.append(_insn(_BPF_JEQ_K, value, jt=end - pc - 1, jf=0))
+            else:  # ArgIn's last value, and no value was equal: the condition fails
+                body.append(_insn(_BPF_JEQ_K, value, jt=0, jf=allow_at - pc - 1))
+    body.append(_ret(SECCOMP_RET_ERRNO | rule.errno))
+    if conditions:
+        body.append(_ret(SECCOMP_RET_ALLOW))
+    return body
 
 
 def _resolve_arch(arch: str | None) -> str:

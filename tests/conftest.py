@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 
@@ -11,9 +12,42 @@ import pytest
 from karotte import cgroups
 from karotte.errors import KarotteError
 from karotte.sandbox import DEFAULT_UID_BASE, Sandbox
+from karotte.seccomp import SYSCALL_NUMBERS
 from karotte.spec import MiB, SandboxSpec
 
 PYTHON_IN_SANDBOX = "/usr/bin/python3"  # the host's system Python, bound read-only
+
+# A syscall probe run inside the sandbox with ctypes: argv[1] is a JSON list of
+# [name, nr, args]; prints a JSON object of each name's errno name, or OK.
+SYSCALL_PROBE = """
+import ctypes, errno, json, sys
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+for name, nr, args in json.loads(sys.argv[1]):
+    ctypes.set_errno(0)
+    rc = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    out[name] = "OK" if rc >= 0 else errno.errorcode[ctypes.get_errno()]
+print(json.dumps(out))
+"""
+
+
+def _nr(name: str) -> int:
+    return SYSCALL_NUMBERS[name][platform.machine()]
+
+
+# RES-BPFJIT-01: each call that has the kernel JIT-compile a BPF program into the host-wide
+# budget (net.core.bpf_jit_limit), for SYSCALL_PROBE. The program pointer is NULL and the
+# socket fd -1, so that where a call is allowed the kernel refuses it (EFAULT, EBADF)
+# before it loads anything: EPERM can only come from the seccomp filter.
+BPF_JIT_CALLS = [
+    ("seccomp_filter", _nr("seccomp"), [1, 0, 0]),  # SECCOMP_SET_MODE_FILTER
+    ("seccomp_filter_listener", _nr("seccomp"), [1, 8, 0]),  # ... FLAG_NEW_LISTENER
+    ("prctl_seccomp_filter", _nr("prctl"), [22, 2, 0, 0, 0]),  # PR_SET_SECCOMP, MODE_FILTER
+    ("so_attach_filter", _nr("setsockopt"), [-1, 1, 26, 0, 16]),  # SOL_SOCKET, ...
+    ("so_attach_reuseport_cbpf", _nr("setsockopt"), [-1, 1, 51, 0, 16]),
+    ("so_attach_bpf", _nr("setsockopt"), [-1, 1, 50, 0, 4]),
+    ("so_attach_reuseport_ebpf", _nr("setsockopt"), [-1, 1, 52, 0, 4]),
+]
 
 
 def karotte_cgroups(creator: int | None = None) -> set[str]:
@@ -46,15 +80,17 @@ def open_fds() -> set[int]:
 
 
 def sandbox_processes() -> set[int]:
-    """Every process on the host that runs under a sandbox's ids, or is a karotte-init,
-    whoever its parent is now. (Counting all host processes would also count the host's
-    own churn: kworkers after cgroup work, timers, logins.)"""
+    """The processes of this test run's sandboxes: descendants of this process that are
+    a karotte-init or run under a sandbox's ids. (Counting all host processes would also
+    count the host's own churn, and other test runs on a shared machine.)"""
     base = int(os.environ.get("KAROTTE_UID_BASE", DEFAULT_UID_BASE))
     found = set()
-    for proc in psutil.process_iter(["uids", "name"]):
-        uids = proc.info["uids"]
-        if proc.info["name"] == "karotte-init" or (uids and max(uids) >= base):
-            found.add(proc.pid)
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.name() == "karotte-init" or max(proc.uids()) >= base:
+                found.add(proc.pid)
+        except psutil.NoSuchProcess:
+            continue
     return found
 
 

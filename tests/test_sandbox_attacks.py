@@ -9,11 +9,13 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import prctl
@@ -21,24 +23,11 @@ import psutil
 import pytest
 from pyroute2 import NetNS
 
-from conftest import py, sandbox_processes
+from conftest import BPF_JIT_CALLS, SYSCALL_PROBE, py, sandbox_processes
 from karotte import cgroups, hostdirs, native
 from karotte.errors import HostUnsupported
 from karotte.sandbox import DEFAULT_UID_BASE, NS_OWNERS, Sandbox
-from karotte.spec import MiB, SandboxSpec
-
-# A syscall probe run inside the sandbox with ctypes: prints the errno name, or OK.
-SYSCALL_PROBE = """
-import ctypes, errno, json, sys
-libc = ctypes.CDLL(None, use_errno=True)
-out = {}
-for name, nr, args in json.loads(sys.argv[1]):
-    ctypes.set_errno(0)
-    rc = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
-    out[name] = "OK" if rc >= 0 else errno.errorcode[ctypes.get_errno()]
-print(json.dumps(out))
-"""
-
+from karotte.spec import Bind, MiB, SandboxSpec
 
 def syscalls(sb: Sandbox, calls: list[tuple[str, int, list[int]]]) -> dict[str, str]:
     r = sb.exec(py(SYSCALL_PROBE) + [json.dumps(calls)])
@@ -113,6 +102,91 @@ def test_RES_MEM_01_tmpfs_and_shared_memory_count_against_the_memory_limit(no_le
         sb.exec("dd if=/dev/zero of=/dev/shm/fill bs=1M count=200")
         size = int(sb.exec("stat -c %s /dev/shm/fill").stdout)
         assert 0 < size <= 96 * MiB
+
+
+def test_RES_BPFJIT_01_the_agent_cannot_load_seccomp_or_socket_filters(sandbox):
+    # Filters JIT-compiled into the host-wide budget would, once it is spent, stop every
+    # new sandbox from loading its own filter. The same calls on the host are refused by
+    # the kernel for their NULL program or fd -1, never with EPERM.
+    calls = BPF_JIT_CALLS + [("bpf_prog_load", 321, [5, 0, 0])]
+    res = syscalls(sandbox, calls)
+    assert res == dict.fromkeys(res, "EPERM"), res
+    host = subprocess.run([sys.executable, "-c", SYSCALL_PROBE, json.dumps(BPF_JIT_CALLS)],
+                          capture_output=True, text=True, timeout=30, check=True)
+    assert "EPERM" not in json.loads(host.stdout).values(), host.stdout
+    # and the sandbox's own filter went in, so the next command still starts
+    assert sandbox.exec(["grep", "^Seccomp_filters:", "/proc/self/status"]).stdout.split() == [
+        b"Seccomp_filters:", b"1"]
+
+
+def _cached_pages(path: str) -> tuple[int, int]:
+    """(pages of path in the host's page cache, pages of path), by mmap and mincore(2)
+    in this process (root owns the file, so mincore reports the truth)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    size = os.path.getsize(path)
+    pages = -(-size // mmap.PAGESIZE)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            raise OSError(ctypes.get_errno(), "mmap")
+        try:
+            vec = ctypes.create_string_buffer(pages)
+            if libc.mincore(addr, size, vec) != 0:
+                raise OSError(ctypes.get_errno(), "mincore")
+            return sum(b & 1 for b in vec.raw), pages
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+
+
+PAGE_CACHE_DROPPER = """
+import mmap, os
+fd = os.open('/data/blob', os.O_RDONLY)
+for _ in range(20):
+    os.pread(fd, 1 << 20, 0)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+m.madvise(21)  # MADV_PAGEOUT: reclaim the mapped pages now
+print('dropped')
+"""
+
+
+def test_RES_PAGECACHE_01_the_agent_cannot_drop_the_hosts_cache_of_a_bound_file(no_leaks):
+    # Read-only binds share the host's page cache: without the filter's no-op, DONTNEED
+    # would evict the host's (and every sandbox's) cached /usr and make them read disk.
+    # MADV_PAGEOUT succeeds but the kernel pages out only files the caller owns or may
+    # write.
+    shared = tempfile.mkdtemp(prefix="karotte-test-pagecache-")  # on disk, not tmpfs
+    try:
+        os.chmod(shared, 0o755)
+        blob = os.path.join(shared, "blob")
+        with open(blob, "wb") as f:
+            f.write(os.urandom(4 * MiB))
+            f.flush()
+            os.fsync(f.fileno())  # clean pages: the kind DONTNEED can drop
+        os.chmod(blob, 0o644)
+        cached, pages = _cached_pages(blob)
+        assert cached == pages
+        with Sandbox(SandboxSpec(binds=(Bind(shared, "/data"),))) as sb:
+            r = sb.exec(py(PAGE_CACHE_DROPPER))
+        assert (r.exit_code, r.stdout) == (0, b"dropped\n"), r.stderr
+        assert _cached_pages(blob) == (pages, pages)
+        # The measure sees an eviction: the same advice from the host drops the pages.
+        fd = os.open(blob, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        assert _cached_pages(blob)[0] < pages // 2
+    finally:
+        shutil.rmtree(shared)
 
 
 SOCKET_HOARD = r"""

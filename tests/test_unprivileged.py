@@ -10,6 +10,7 @@ import sysconfig
 
 import pytest
 
+from conftest import BPF_JIT_CALLS, SYSCALL_PROBE
 from karotte import cgroups
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -37,6 +38,8 @@ try:
         r = sb.exec("prlimit --pid 1 --nofile=3:3 2>&1; echo rc=$?")
         out["prlimit_init"] = r.stdout.decode()
         out["after_prlimit"] = sb.exec(["echo", "still-serving"]).stdout.decode().strip()
+        r = sb.exec(["python3", "-c", os.environ["PROBE"], os.environ["CALLS"]])
+        out["bpfjit"] = json.loads(r.stdout or "null")
 except HostUnsupported as e:
     out["unsupported"] = [e.protection, str(e)]
 print(json.dumps(out))
@@ -45,7 +48,8 @@ print(json.dumps(out))
 
 def _run_as_nobody(env_extra: dict[str, str]) -> dict:
     site = sysconfig.get_paths()["purelib"]  # the venv's site-packages: cffi backend, psutil
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{PROJECT}:{site}", **env_extra}
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{PROJECT}:{site}", "PROBE": SYSCALL_PROBE,
+           "CALLS": json.dumps(BPF_JIT_CALLS), **env_extra}
     r = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
                         SYSTEM_PYTHON, "-c", SCRIPT], env=env, capture_output=True, timeout=120,
                        cwd="/")
@@ -117,3 +121,11 @@ def test_PROC_LIMITS_01_prlimit_on_another_process_is_denied(delegated_v1_parent
     out = _run_as_nobody({"KAROTTE_CGROUP_PARENT": delegated_v1_parent})
     assert "Operation not permitted" in out["prlimit_init"] and "rc=0" not in out["prlimit_init"]
     assert out["after_prlimit"] == "still-serving"
+
+
+def test_RES_BPFJIT_01_the_agent_of_an_unprivileged_caller_cannot_load_filters(delegated_v1_parent):
+    # Here each command's own process loads the policy, last before execve; the agent's
+    # attempts come after it and are refused.
+    out = _run_as_nobody({"KAROTTE_CGROUP_PARENT": delegated_v1_parent})
+    assert out["filters"] == "1"
+    assert out["bpfjit"] == {name: "EPERM" for name, _, _ in BPF_JIT_CALLS}

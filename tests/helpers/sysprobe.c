@@ -21,6 +21,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -30,6 +32,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/personality.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
@@ -69,6 +72,18 @@
 #endif
 #ifndef TIOCLINUX
 #define TIOCLINUX 0x541C
+#endif
+#ifndef SO_ATTACH_REUSEPORT_CBPF
+#define SO_ATTACH_REUSEPORT_CBPF 51
+#endif
+#ifndef SO_ATTACH_REUSEPORT_EBPF
+#define SO_ATTACH_REUSEPORT_EBPF 52
+#endif
+#ifndef SO_LOCK_FILTER
+#define SO_LOCK_FILTER 44
+#endif
+#ifndef SECCOMP_FILTER_FLAG_NEW_LISTENER
+#define SECCOMP_FILTER_FLAG_NEW_LISTENER (1UL << 3)
 #endif
 
 #define NOWHERE "/nonexistent/karotte-probe"
@@ -234,6 +249,101 @@ static long p_adjtimex(void) { return syscall(SYS_adjtimex, NULL); }
 static long p_clock_adjtime(void) { return syscall(SYS_clock_adjtime, -1, NULL); }
 static long p_fanotify_init(void) { return syscall(SYS_fanotify_init, 0xffffffffU, 0U); }
 
+/* One instruction that accepts everything: SECCOMP_RET_ALLOW to seccomp, "keep the whole
+ * packet" to a socket. Loading it is what costs a JIT allocation; it changes nothing. */
+static struct sock_filter accept_all[] = {BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)};
+static struct sock_fprog accept_all_prog = {1, accept_all};
+
+/* A filter is loaded into this probe's own child only, and goes with it. no_new_privs is
+ * what lets an unprivileged process load one (as in the sandbox, where it is set). */
+static long load_seccomp(unsigned long op, unsigned long flags)
+{
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        return -1;
+    long fd = syscall(SYS_seccomp, op, flags, &accept_all_prog);
+    if (fd > 0 && (flags & SECCOMP_FILTER_FLAG_NEW_LISTENER))
+        close((int)fd);
+    return fd;
+}
+static long p_seccomp_filter(void) { return load_seccomp(SECCOMP_SET_MODE_FILTER, 0); }
+static long p_seccomp_filter_listener(void)
+{
+    return load_seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER);
+}
+static long p_prctl_seccomp_filter(void)
+{
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        return -1;
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &accept_all_prog);
+}
+static long p_seccomp_action_avail(void)
+{
+    unsigned int action = SECCOMP_RET_ALLOW;
+    return syscall(SYS_seccomp, SECCOMP_GET_ACTION_AVAIL, 0U, &action);
+}
+static long p_prctl_set_name(void) { return prctl(PR_SET_NAME, "sysprobe", 0, 0, 0); }
+
+static const int one = 1;
+static const int no_prog_fd = -1;
+
+/* setsockopt(level, optname) on a fresh UDP socket, with SO_REUSEPORT set first when
+ * reuseport is true (a reuseport filter needs it). */
+static long on_udp_socket(int reuseport, long level, long optname, const void *val,
+                          socklen_t len)
+{
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    long rc = reuseport ? setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) : 0;
+    if (rc == 0)
+        rc = syscall(SYS_setsockopt, fd, level, optname, val, (long)len);
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return rc;
+}
+static long p_setsockopt_attach_filter(void)
+{
+    return on_udp_socket(0, SOL_SOCKET, SO_ATTACH_FILTER, &accept_all_prog,
+                         sizeof(accept_all_prog));
+}
+static long p_setsockopt_attach_reuseport_cbpf(void)
+{
+    return on_udp_socket(1, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &accept_all_prog,
+                         sizeof(accept_all_prog));
+}
+/* The eBPF variants take a program fd from bpf(); -1 is none (EBADF without a filter). */
+static long p_setsockopt_attach_bpf(void)
+{
+    return on_udp_socket(0, SOL_SOCKET, SO_ATTACH_BPF, &no_prog_fd, sizeof(no_prog_fd));
+}
+static long p_setsockopt_attach_reuseport_ebpf(void)
+{
+    return on_udp_socket(1, SOL_SOCKET, SO_ATTACH_REUSEPORT_EBPF, &no_prog_fd,
+                         sizeof(no_prog_fd));
+}
+static long p_setsockopt_lock_filter(void)
+{
+    return on_udp_socket(0, SOL_SOCKET, SO_LOCK_FILTER, &one, sizeof(one));
+}
+static long p_setsockopt_detach_filter(void)
+{
+    return on_udp_socket(0, SOL_SOCKET, SO_DETACH_FILTER, &one, sizeof(one));
+}
+static long p_setsockopt_reuseaddr(void)
+{
+    return on_udp_socket(0, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+}
+
+/* fd -1: without a filter the kernel answers EBADF, so an OK is the filter's no-op. */
+static long fadvise_badfd(unsigned long advice)
+{
+    return syscall(SYS_fadvise64, -1, 0L, 0L, advice);
+}
+static long p_fadvise_dontneed_badfd(void) { return fadvise_badfd(POSIX_FADV_DONTNEED); }
+static long p_fadvise_willneed_badfd(void) { return fadvise_badfd(POSIX_FADV_WILLNEED); }
+static long p_fadvise_noreuse_badfd(void) { return fadvise_badfd(POSIX_FADV_NOREUSE); }
+
 static long with_pipe(unsigned long cmd)
 {
     int fds[2];
@@ -270,6 +380,27 @@ static long p_socket_netlink_hibits(void)
     if (fd >= 0)
         close((int)fd);
     return fd < 0 ? -1 : 0;
+}
+static long p_seccomp_filter_hibits(void)
+{
+    return load_seccomp(HIGH_BITS | SECCOMP_SET_MODE_FILTER, 0);
+}
+static long p_prctl_seccomp_filter_hibits(void)
+{
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        return -1;
+    return syscall(SYS_prctl, HIGH_BITS | PR_SET_SECCOMP, (unsigned long)SECCOMP_MODE_FILTER,
+                   &accept_all_prog, 0UL, 0UL);
+}
+static long p_setsockopt_attach_filter_hibits(void)
+{
+    return on_udp_socket(0, (long)(HIGH_BITS | SOL_SOCKET),
+                         (long)(HIGH_BITS | SO_ATTACH_FILTER), &accept_all_prog,
+                         sizeof(accept_all_prog));
+}
+static long p_fadvise_dontneed_hibits_badfd(void)
+{
+    return fadvise_badfd(HIGH_BITS | POSIX_FADV_DONTNEED);
 }
 #define HIBITS(f) f
 #else
@@ -366,6 +497,16 @@ static const struct probe probes[] = {
     P(socketpair_unix), P(socketpair_netlink),
     P(personality_query), P(personality_linux), P(personality_bad),
     P(personality_read_implies_exec),
+    P(seccomp_filter), P(seccomp_filter_listener), P(prctl_seccomp_filter),
+    P(seccomp_action_avail), P(prctl_set_name),
+    {"seccomp_filter_hibits", HIBITS(p_seccomp_filter_hibits)},
+    {"prctl_seccomp_filter_hibits", HIBITS(p_prctl_seccomp_filter_hibits)},
+    P(setsockopt_attach_filter), P(setsockopt_attach_reuseport_cbpf), P(setsockopt_attach_bpf),
+    P(setsockopt_attach_reuseport_ebpf), P(setsockopt_lock_filter), P(setsockopt_detach_filter),
+    P(setsockopt_reuseaddr),
+    {"setsockopt_attach_filter_hibits", HIBITS(p_setsockopt_attach_filter_hibits)},
+    P(fadvise_dontneed_badfd), P(fadvise_willneed_badfd), P(fadvise_noreuse_badfd),
+    {"fadvise_dontneed_hibits_badfd", HIBITS(p_fadvise_dontneed_hibits_badfd)},
     {"iopl", X86(p_iopl)}, {"ioperm", X86(p_ioperm)}, {"modify_ldt", X86(p_modify_ldt)},
     {"uselib", X86(p_uselib)}, {"x32_getpid", X86(p_x32_getpid)},
     {"i386_getpid", X86(p_i386_getpid)},
