@@ -21,7 +21,7 @@ import sys
 import traceback
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .results import ExecResult
 
@@ -44,15 +44,38 @@ class GraderError(Exception):
 
 
 @dataclass(frozen=True)
+class TimedRun:
+    """One run that compare_speed timed, and whether it counts."""
+
+    program: str  # "candidate" or "baseline"
+    input: int  # index into compare_speed's inputs
+    repeat: int
+    result: ExecResult  # as the host measured it: stdout, exit, wall time
+    failure: str | None  # why the run does not count ("wrong output", "exit 1", ...), or None
+
+
+@dataclass(frozen=True)
 class SpeedComparison:
     """Candidate against baseline, each run in a fresh sandbox, interleaved, timed by the
-    host. outputs[i] holds (candidate, baseline) stdout for inputs[i] (first run)."""
+    host. Every timed run's output has been checked: a speedup is only worth something
+    when failures is empty."""
 
     candidate_seconds: float  # median wall time over every input and repeat
     baseline_seconds: float
     speedup: float  # baseline / candidate; inf if the candidate took no measurable time
-    outputs: tuple[tuple[bytes, bytes], ...]
-    failures: tuple[str, ...]  # runs that did not exit 0, timed out or were OOM-killed
+    runs: tuple[TimedRun, ...]  # every run, candidate and baseline, in the order they ran
+    failures: tuple[str, ...]  # one line per run that failed: error exit, signal, timeout,
+    # OOM kill or wrong output ("candidate on input 1, repeat 2: wrong output")
+
+    @property
+    def ok(self) -> bool:
+        """True when every run of both programs exited 0 with the right output."""
+        return not self.failures
+
+
+def same_stripped(output: bytes, expected: bytes) -> bool:
+    """compare_speed's comparison: equal once whitespace at both ends is dropped."""
+    return output.strip() == expected.strip()
 
 
 def encode_result(result: ExecResult) -> dict:
@@ -131,33 +154,62 @@ class GradeContext:
         return decode_result(reply["result"])
 
     def compare_speed(self, candidate: Sequence[str], baseline: Sequence[str],
-                      inputs: Sequence[bytes], *, repeats: int = 3, timeout: float = 30.0,
-                      memory: int = 256 * MiB) -> SpeedComparison:
-        """Time candidate against baseline fairly: every run in a fresh sandbox (no process
-        of a run survives into the next), the two interleaved and alternating who goes
-        first, repeated, medians of the host's wall clock."""
+                      inputs: Sequence[bytes], *, expected: Sequence[bytes | str] | None = None,
+                      check: Callable[[int, bytes], bool] | None = None, repeats: int = 3,
+                      timeout: float = 30.0, memory: int = 256 * MiB,
+                      output_limit: int = 1 * MiB) -> SpeedComparison:
+        """Time candidate against baseline fairly, and check the output of every run.
+
+        Every run (each input, each repeat, both programs) is in a fresh sandbox, so no
+        process of a run survives into the next; the two programs are interleaved,
+        alternating who goes first; the speeds are medians of the host's wall clock.
+
+        The medians take every run, so every run's output is checked, not a sample: a
+        program that can tell a checked run from a timed one (by the clock, the order of
+        runs, anything) would otherwise print a wrong answer fast whenever only its speed
+        counts. A run fails if it exits non-zero, is killed, times out, is OOM-killed,
+        writes more than output_limit, or prints a wrong answer, whichever repeat it is.
+        What the right answer is, for the candidate and the baseline alike:
+
+        - expected: one stdout per input, compared with whitespace at both ends dropped;
+        - check(i, stdout) -> bool: your own test of an output on inputs[i], for answers
+          that need a tolerance or have more than one right form;
+        - neither (the default): the baseline is the oracle; every run on inputs[i] must
+          print what the baseline's first run on inputs[i] printed.
+
+        There is no way to time runs whose output is not checked. Score nothing unless
+        the result's failures is empty (result.ok).
+        """
         if not inputs or repeats < 1:
             raise GraderError("compare_speed needs at least one input and one repeat")
-        times: dict[str, list[float]] = {"candidate": [], "baseline": []}
-        outputs: list[list[bytes]] = [[b"", b""] for _ in inputs]
-        failures: list[str] = []
+        if expected is not None and check is not None:
+            raise GraderError("compare_speed takes expected or check, not both")
+        if expected is not None:
+            if len(expected) != len(inputs):
+                raise GraderError(f"compare_speed got {len(expected)} expected outputs for "
+                                  f"{len(inputs)} inputs; pass one per input")
+            check = _answers([e.encode() if isinstance(e, str) else bytes(e) for e in expected])
+        done: list[tuple[str, int, int, ExecResult]] = []
         for rep in range(repeats):
             for i, data in enumerate(inputs):
                 order = [("candidate", candidate), ("baseline", baseline)]
                 if (rep + i) % 2:
                     order.reverse()
                 for which, argv in order:
-                    r = self.run(argv, stdin=data, timeout=timeout, memory=memory)
-                    if r.exit_code != 0 or r.timed_out or r.oom_killed:
-                        failures.append(f"{which} on input {i}: exit {r.exit_code}, signal "
-                                        f"{r.signal}, timed out {r.timed_out}, oom {r.oom_killed}")
-                    times[which].append(r.wall_seconds)
-                    if rep == 0:
-                        outputs[i][0 if which == "candidate" else 1] = r.stdout
-        cand = statistics.median(times["candidate"])
-        base = statistics.median(times["baseline"])
-        return SpeedComparison(cand, base, base / cand if cand > 0 else math.inf,
-                               tuple((o[0], o[1]) for o in outputs), tuple(failures))
+                    done.append((which, i, rep, self.run(argv, stdin=data, timeout=timeout,
+                                                         memory=memory,
+                                                         output_limit=output_limit)))
+        if check is None:  # the baseline's first run on each input is the oracle
+            check = _answers([r.stdout for which, _, rep, r in done
+                              if which == "baseline" and rep == 0])
+        runs = tuple(TimedRun(which, i, rep, r,
+                              _run_failure(r) or (None if check(i, r.stdout) else "wrong output"))
+                     for which, i, rep, r in done)
+        cand = statistics.median(r.result.wall_seconds for r in runs if r.program == "candidate")
+        base = statistics.median(r.result.wall_seconds for r in runs if r.program == "baseline")
+        return SpeedComparison(cand, base, base / cand if cand > 0 else math.inf, runs,
+                               tuple(f"{r.program} on input {r.input}, repeat {r.repeat}: "
+                                     f"{r.failure}" for r in runs if r.failure))
 
     def _call(self, request: dict, reply_limit: int) -> dict:
         send_message(self._channel, json.dumps(request).encode())
@@ -168,6 +220,26 @@ class GradeContext:
         if "error" in reply:
             raise GraderError(reply["error"])
         return reply
+
+
+def _answers(wanted: Sequence[bytes]) -> Callable[[int, bytes], bool]:
+    """A compare_speed check: the output on inputs[i] is wanted[i], ends stripped."""
+    return lambda i, output: same_stripped(output, wanted[i])
+
+
+def _run_failure(r: ExecResult) -> str | None:
+    """Why a timed run does not count, whatever it printed; None if it ended cleanly."""
+    if r.timed_out:
+        return "timed out"
+    if r.oom_killed:
+        return "out of memory"
+    if r.signal is not None:
+        return f"killed by signal {r.signal}"
+    if r.exit_code != 0:
+        return f"exit {r.exit_code}" + (f" ({r.error})" if r.error else "")
+    if r.stdout_truncated:
+        return "output over the limit"
+    return None
 
 
 def _finish(channel: socket.socket, message: dict[str, Any]) -> None:

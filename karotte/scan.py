@@ -16,6 +16,10 @@ Why it is safe, step by step:
   inode lstat saw. The bytes are read from that very fd (FS-TOCTOU-01).
 - The copy is made of new inodes created with O_EXCL in dest fds we hold, with
   normalised modes, owned by the caller, without xattrs (FS-MODE-01).
+- Every file and directory of the copy, dest_dir included, gets atime and mtime
+  COPY_TIME, so that nothing in the grader's tree says when grading began: a program
+  that could tell its checked runs from its timed ones by the age of its files could
+  answer right only while checked (PERF-HOLLOW-01).
 - The walk is iterative and every budget is checked as it goes: depth, entries,
   file size, total size, name length, path bytes and wall time (D4).
 """
@@ -33,9 +37,13 @@ from .spec import KiB, MiB, ScanLimits
 
 __all__ = [
     "ScanError", "ScanLimits", "Violation", "ScannedFile", "ScanResult", "VIOLATION_KINDS",
-    "scan_and_copy", "escape",
+    "COPY_TIME", "scan_and_copy", "escape",
 ]
 
+# atime and mtime of everything in the copy: 2000-01-01T00:00:00Z. Not 0, so that a
+# grader that zips the submission (ZIP cannot hold a time before 1980) still works.
+COPY_TIME = 946_684_800
+_COPY_TIMES_NS = (COPY_TIME * 1_000_000_000, COPY_TIME * 1_000_000_000)
 SPARSE_MIN_SIZE = 64 * KiB  # smaller files are never called sparse: their holes cost little
 _CHUNK = 1 * MiB
 
@@ -164,6 +172,14 @@ class _Frame:
         self.src, self.dst, self.raw, self.depth, self.names = src, dst, raw, depth, names
         self.next = 0
 
+    def finish(self) -> None:
+        """Done with this directory: its copy gets COPY_TIME (only now: every create or
+        unlink in it moves its mtime), and both fds are closed."""
+        try:
+            _stamp(self.dst, self.raw)
+        finally:
+            self.close()
+
     def close(self) -> None:
         os.close(self.src)
         os.close(self.dst)
@@ -216,7 +232,7 @@ class _Walk:
             while stack:
                 frame = stack[-1]
                 if frame.next == len(frame.names):
-                    stack.pop().close()
+                    stack.pop().finish()
                     continue
                 name = frame.names[frame.next]
                 frame.next += 1
@@ -224,7 +240,8 @@ class _Walk:
                 if child is not None:
                     stack.append(child)
         except _Stop:
-            pass
+            while stack:  # what was copied stays, and is stamped like a complete copy
+                stack.pop().finish()
         finally:
             for frame in stack:
                 frame.close()
@@ -430,6 +447,7 @@ class _Walk:
                               f"{after.st_size} after {copied} bytes were copied)")
                 return
             os.fchmod(out, mode)
+            _stamp(out, raw)
             keep = True
         finally:
             os.close(out)
@@ -463,6 +481,16 @@ class _Walk:
                 chunk = chunk[w:]
             offset += n
         return offset
+
+
+def _stamp(fd: int, raw: bytes) -> None:
+    """atime and mtime COPY_TIME on our own fd of the copy of raw (futimens). The ctime
+    cannot be set: it still shows when the copy was made (see docs/scan.md)."""
+    try:
+        os.utime(fd, ns=_COPY_TIMES_NS)
+    except OSError as exc:
+        what = f"the copy of {escape(raw)}" if raw else "dest_dir"
+        raise ScanError(f"cannot set the timestamps of {what}: {exc.strerror}") from exc
 
 
 def _make_dir(dst_parent: int, name: bytes) -> int:
@@ -543,8 +571,9 @@ def scan_and_copy(workspace_fd: int, dest_dir: str | bytes | os.PathLike,
 
     Call it after the sandbox's processes are all gone (Sandbox.kill_all). dest_dir
     must exist and be empty; on return it holds the accepted files and directories as
-    new inodes (files 0644 or 0755, directories 0755, owned by the caller). On
-    ScanError the copy is incomplete: discard dest_dir.
+    new inodes (files 0644 or 0755, directories 0755, owned by the caller), and every
+    one of them, dest_dir included, has atime and mtime COPY_TIME. On ScanError the
+    copy is incomplete: discard dest_dir.
     """
     start = time.monotonic()
     root, root_st = _open_workspace(workspace_fd)

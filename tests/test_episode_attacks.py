@@ -23,6 +23,7 @@ graders are careless on purpose, or report what they saw).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
 import uuid
@@ -34,12 +35,14 @@ import pytest
 from envs import speed
 from envs.basic import Addition, Doubler
 from envs.fixfunc import BUGGY, FIXED, FixFunction, hidden_cases
+from conftest import BPF_JIT_CALLS, SYSCALL_PROBE
 from envs.pipeline import (Closeness, GraderProbe, Inventory, Mean, NaiveUntar, RegexValidated,
-                           Runs, SloppyParser)
+                           RunReport, Runs, SloppyParser, Timestamps)
 from envs.speed import PrimeCount
 from karotte import custody
 from karotte.episode import AsyncEpisode, Episode, Outcome
 from karotte.sandbox import DEFAULT_ENV
+from karotte.scan import COPY_TIME
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -152,7 +155,7 @@ def assert_running(name: str, at_least: int) -> None:
 # -- honest agents --------------------------------------------------------------------
 
 ENVS = [Addition(), Doubler(), FixFunction(), PrimeCount(), Inventory(), Mean(), Closeness(),
-        SloppyParser(), RegexValidated(), NaiveUntar(), Runs(), GraderProbe()]
+        SloppyParser(), RegexValidated(), NaiveUntar(), Runs(), GraderProbe(), Timestamps()]
 
 
 @pytest.mark.parametrize("env", ENVS, ids=[type(e).__name__ for e in ENVS])
@@ -826,6 +829,48 @@ def test_TIME_MEMREUSE_01_no_result_is_left_where_the_candidate_could_reuse_it()
     assert outcome.details["verdict"] == "wrong_output"
 
 
+PHASE_SECONDS = 2.0
+# Right while checked, wrong once only its speed counts (the red team's PoC against the
+# speedup example). The PoC told the phases apart by the age of its file's mtime, which
+# the copy now fixes at COPY_TIME; the ctime cannot be fixed and still shows when custody
+# copied the file, so this one uses that. Its first run is the first timed run: it
+# sleeps past PHASE_SECONDS and answers right. Every later run answers 0 at once.
+TWO_FACED = f"""\
+import os, time
+
+if time.time() - os.stat(__file__).st_ctime > {PHASE_SECONDS}:
+    print(0)
+    raise SystemExit
+time.sleep({PHASE_SECONDS})
+""" + speed.FAST
+
+
+def test_PERF_HOLLOW_01_a_wrong_answer_in_any_timed_run_scores_zero():
+    # Before every run's output was checked, only the first repeat's was: this scored
+    # 1.0 ("fast_enough", the median of [2 s, 0.03 s, 0.03 s] against a 0.4 s baseline).
+    outcome = play(PrimeCount(), Write("fast.py", TWO_FACED))
+    scored_bottom(outcome)
+    d = outcome.details
+    assert d["verdict"] == "wrong_output", d
+    assert "candidate on input 0, repeat 2: wrong output" in d["failures"], d
+    assert all(f.startswith("candidate ") for f in d["failures"]), d
+
+
+def test_PERF_HOLLOW_01_the_graders_copy_shows_no_time_of_the_grading():
+    # Defence in depth: every file and directory the grader and the programs it runs
+    # see, the root included, has atime and mtime COPY_TIME, whatever times the agent
+    # set, and reading through the read-only mounts moves no atime.
+    outcome = play(Timestamps(), *Timestamps().reference_solution(SEED),
+                   "mkdir -p d/e && echo x > d/e/f && touch -d 2031-01-01 d/e/f numbers.txt",
+                   "touch -a -d 2040-01-01 answer.txt && touch -d 1990-01-01 d")
+    assert (outcome.reward, outcome.reason) == (1.0, "graded"), outcome.grader_log[-3000:]
+    fixed = [COPY_TIME * 1_000_000_000] * 2
+    for seen in (outcome.details["grader"], outcome.details["run"]):
+        assert set(seen) == {".", "answer.txt", "numbers.txt", "tools", "tools/hint.sh", "d",
+                             "d/e", "d/e/f"}, seen
+        assert all(times == fixed for times in seen.values()), seen
+
+
 # -- D. output spoofing (OUT) --------------------------------------------------------
 
 FAKE_PASSES = '''\
@@ -1323,3 +1368,24 @@ def test_RES_FORK_01_a_fork_bomb_in_the_program_stays_in_its_sandbox():
                                  "        os.fork()\n    except OSError:\n        pass\n"))
     scored_bottom(outcome, bound=20)
     next_episode_is_clean(Runs())
+
+
+# Doubles a number on stdin; run without input, tries each way to load a BPF program.
+JIT_PROBING_SOLUTION = (
+    "import sys\n"
+    "line = sys.stdin.readline()\n"
+    "if line.strip():\n"
+    "    print(2 * int(line))\n"
+    "    sys.exit()\n"
+    f"sys.argv[1:] = [{json.dumps(json.dumps(BPF_JIT_CALLS))}]\n" + SYSCALL_PROBE)
+
+
+def test_RES_BPFJIT_01_the_program_the_grader_runs_cannot_load_filters_either():
+    # The run has a sandbox of its own, made by the host next to the grader's (both under
+    # the grading cgroup), with the same policy; grading through ctx.run still works.
+    outcome = play(RunReport(), Write("solution.py", JIT_PROBING_SOLUTION))
+    assert (outcome.reward, outcome.reason, outcome.infra_error) == (1.0, "graded", None), \
+        (outcome.details, outcome.grader_log[-3000:])
+    assert outcome.details["exit"] == 0, outcome.details["stderr"]
+    res = json.loads(outcome.details["stdout"])
+    assert res == {name: "EPERM" for name, _, _ in BPF_JIT_CALLS}

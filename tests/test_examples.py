@@ -140,6 +140,23 @@ def test_speedup_a_workspace_baseline_that_agrees_with_a_wrong_solution_scores_0
     assert graded(outcome, 0.0) and "wrong output" in outcome.details["why"]
 
 
+PHASE_SECONDS = 4.3  # about when, with the baseline's 0.5 s runs, the timed runs begin to repeat
+
+
+def test_speedup_a_solution_right_only_while_checked_scores_0(no_leaks):
+    # PERF-HOLLOW-01, the red team's PoC: the quadratic baseline while the grader is
+    # checking, then a wrong answer at once, when it guesses that only speed counts. It
+    # tells the phases apart by the age of its file: the copy's mtime is fixed now, its
+    # ctime still says when custody made it. Before every timed run was checked, this
+    # scored about 40: most timed runs were fast wrong ones, which set the median.
+    two_faced = ("import os, time\n"
+                 f"if time.time() - os.stat(__file__).st_ctime > {PHASE_SECONDS}:\n"
+                 "    print(0)\n    raise SystemExit\n" + BASELINE)
+    outcome = play(Speedup(), [write("solution.py", two_faced)])
+    assert graded(outcome, 0.0), outcome.details
+    assert "wrong output" in outcome.details["why"], outcome.details
+
+
 def test_speedup_expected_answers_match_the_baseline():
     import random
     rng = random.Random(0)

@@ -26,7 +26,7 @@ import pytest
 from conftest import py
 from karotte import scan
 from karotte.sandbox import Sandbox
-from karotte.scan import (VIOLATION_KINDS, ScanError, ScanLimits, ScanResult, escape,
+from karotte.scan import (COPY_TIME, VIOLATION_KINDS, ScanError, ScanLimits, ScanResult, escape,
                           scan_and_copy)
 from karotte.spec import GiB, MiB, SandboxSpec
 
@@ -35,6 +35,7 @@ HOST_UID = os.geteuid()
 # creating 10,000 inodes costs what the destination filesystem makes it cost.
 COPY_ROOT = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 RULE_TYPES = "D3 file types: only regular files and directories"
+COPY_TIME_NS = COPY_TIME * 1_000_000_000
 
 
 # --------------------------------------------------------------------------- helpers
@@ -73,15 +74,18 @@ def planted(command, spec: SandboxSpec | None = None, stdin: bytes = b""):
 
 def copy_tree(dest: str) -> dict[bytes, tuple[str, int, bytes | None]]:
     """The copy as {raw relative path: (type, mode, content)}, checking on the way what
-    every copy must be: new inodes owned by the host, modes 0644/0755, no xattrs."""
+    every copy must be: new inodes owned by the host, modes 0644/0755, no xattrs, mtime
+    COPY_TIME (dest itself too)."""
     found = {}
     root = os.fsencode(dest)
+    assert os.lstat(root).st_mtime_ns == COPY_TIME_NS
     for top, dirs, files in os.walk(root):
         for name in dirs + files:
             full = os.path.join(top, name)
             rel = os.path.relpath(full, root)
             st = os.lstat(full)
             assert st.st_uid == HOST_UID and st.st_gid == os.getegid(), rel
+            assert st.st_mtime_ns == COPY_TIME_NS, rel
             assert os.listxattr(full, follow_symlinks=False) == [], rel
             if stat.S_ISDIR(st.st_mode):
                 assert stat.S_IMODE(st.st_mode) == 0o755, rel
@@ -556,6 +560,53 @@ def test_FS_SPECIAL_01_sockets_and_devices_are_rejected_without_being_opened(
     assert copy_opens and all(flags & os.O_NOFOLLOW for flags in copy_opens)
     assert checked(result, dest) == {b"sub": ("dir", 0o755, None),
                                      b"sub/ok.txt": ("file", 0o644, b"ok\n")}
+
+
+# --------------------------------------------------------------------------- timestamps
+
+
+def times_in(dest: str) -> dict[bytes, tuple[int, int]]:
+    """(atime, mtime) in ns of dest (as b".") and everything under it; each entry is
+    stat'd before anything lists or reads it, so reading cannot have moved its atime."""
+    root = os.fsencode(dest)
+    st = os.lstat(root)
+    found = {b".": (st.st_atime_ns, st.st_mtime_ns)}
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            st = os.lstat(os.path.join(top, name))
+            found[os.path.relpath(os.path.join(top, name), root)] = (st.st_atime_ns,
+                                                                     st.st_mtime_ns)
+    return found
+
+
+@pytest.mark.parametrize("limits", [ScanLimits(), ScanLimits(max_total_size=3000)],
+                         ids=["complete", "cut-by-a-budget"])
+def test_every_file_and_directory_of_the_copy_has_atime_and_mtime_copy_time(
+        no_leaks, dest, limits):
+    # PERF-HOLLOW-01, defence in depth: nothing in the copy says when custody made it,
+    # so a program cannot tell from its files' age whether grading has only just begun.
+    # The agent's own times (past, future, atime apart from mtime) are not kept, and a
+    # budget that stops the walk deep in the tree (max_total_size at a/b/c/zbig, with
+    # ".", a, b and c still open) leaves the same times as a complete copy.
+    plant = """
+set -e
+mkdir -p a/b/c d
+echo one > a/one && echo two > a/b/c/two && echo three > d/three
+head -c 4000 /dev/zero > a/b/c/zbig
+ln -s one a/link && mkfifo d/fifo
+touch -d 2031-05-06 a/one a/b && touch -d 1990-01-01 d a/b/c/two && touch -a -d 2040-01-01 d/three
+"""
+    with planted(plant) as sb:
+        result = scan_and_copy(sb.workspace_fd, dest, limits)
+    times = times_in(dest)
+    assert set(times.values()) == {(COPY_TIME_NS, COPY_TIME_NS)}
+    expected = {b".", b"a", b"a/b", b"a/b/c", b"a/b/c/two"}
+    if result.complete:
+        expected |= {b"a/b/c/zbig", b"a/one", b"d", b"d/three"}
+    else:
+        assert result.violations[-1].kind == "total-too-large"
+    assert set(times) == expected
+    checked(result, dest)
 
 
 # --------------------------------------------------------------------------- names

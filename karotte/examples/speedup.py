@@ -10,7 +10,8 @@ writes /workspace/solution.py with the same contract, faster. The grader:
 2. times solution.py against the pristine baseline from its own hidden files (the
    agent's /workspace/baseline.py is never run: editing it changes nothing) with
    ctx.compare_speed: fresh sandboxes, interleaved, repeated, timed by the host; every
-   run must succeed and the outputs of the timed runs are checked again;
+   timed run, of both programs, must succeed with the expected output (a solution that
+   is right when checked and wrong when timed scores 0);
 3. scores the ratio of the median times, 0 below MIN_SPEEDUP (a copy of the baseline, or
    a solution that just runs it, is not a speedup), capped at MAX_SPEEDUP.
 """
@@ -159,7 +160,8 @@ class Speedup(Environment):
             "program and the original baseline (the grader's own copy; editing "
             f"/workspace/baseline.py changes nothing) are each run {REPEATS} times on each "
             "input, interleaved, timed by wall clock from outside (interpreter start-up "
-            "included), and the outputs of the first round are checked again. The reward is "
+            "included), and the output of every one of these runs is checked again: one "
+            "wrong output or failed run gives reward 0. The reward is "
             "the baseline's median time divided by your program's median time, the speedup; "
             f"a speedup below {MIN_SPEEDUP:g} gives 0, and the reward is capped at "
             f"{MAX_SPEEDUP:g}.\n\n"
@@ -199,19 +201,23 @@ class Speedup(Environment):
                                           f"oom {r.oom_killed}"})
             if r.stdout.strip() != expected[i]:
                 return Grade(0.0, {"why": f"wrong output on input {i}"})
-        speed = ctx.compare_speed(candidate, baseline, inputs, repeats=REPEATS,
-                                  timeout=RUN_TIMEOUT, memory=RUN_MEMORY)
+        # expected=: every timed run of both programs is checked, not only a first round;
+        # a solution that answers right while checked and wrong once only its speed
+        # counts (it can tell by the clock) scores 0.
+        speed = ctx.compare_speed(candidate, baseline, inputs, expected=expected,
+                                  repeats=REPEATS, timeout=RUN_TIMEOUT, memory=RUN_MEMORY,
+                                  output_limit=64 * 1024)
         details = {"solution_seconds": speed.candidate_seconds,
                    "baseline_seconds": speed.baseline_seconds,
                    "speedup": speed.speedup if math.isfinite(speed.speedup) else "inf"}
-        if speed.failures:
-            return Grade(0.0, dict(details, why="a timed run failed",
-                                   failures=list(speed.failures[:5])))
-        for i, (out, base_out) in enumerate(speed.outputs):
-            if out.strip() != expected[i]:
-                return Grade(0.0, dict(details, why=f"wrong output on input {i} when timed"))
-            if base_out.strip() != expected[i]:
-                return Grade(0.0, dict(details, why=f"the baseline was wrong on input {i}"))
+        failed = next((run for run in speed.runs if run.failure), None)
+        if failed is not None:
+            if failed.program == "baseline":
+                why = f"the baseline failed on input {failed.input}: {failed.failure}"
+            else:
+                why = (f"{failed.failure} on input {failed.input} when timed "
+                       f"(repeat {failed.repeat})")
+            return Grade(0.0, dict(details, why=why, failures=list(speed.failures[:5])))
         if speed.speedup < MIN_SPEEDUP:
             return Grade(0.0, dict(details, why=f"speedup below {MIN_SPEEDUP:g}"))
         return Grade(min(speed.speedup, MAX_SPEEDUP), dict(details, why="correct and faster"))

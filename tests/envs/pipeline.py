@@ -6,6 +6,8 @@ bounded time with the bottom reward and a reason, never an infrastructure error.
 """
 from __future__ import annotations
 
+import inspect
+import json
 import math
 import os
 import re
@@ -45,6 +47,34 @@ class Inventory(Addition):
                 if len(files) >= 200:
                     return Grade(_reward(result), {"files": files})
         return Grade(_reward(result), {"files": files})
+
+
+def file_times(top: str) -> dict[str, list[int]]:
+    """[atime, mtime] in ns of the directory top (as ".") and of everything under it, 200
+    entries at most; each entry is stat'd before anything lists or reads it."""
+    st = os.lstat(top)
+    found = {".": [st.st_atime_ns, st.st_mtime_ns]}
+    for root, dirs, names in os.walk(top):
+        for name in dirs + names:
+            path = os.path.join(root, name)
+            st = os.lstat(path)
+            found[os.path.relpath(path, top)[:100]] = [st.st_atime_ns, st.st_mtime_ns]
+        if len(found) >= 200:
+            break
+    return found
+
+
+class Timestamps(Addition):
+    """Addition whose grader also reports file_times of the submission: as the grader
+    sees it (/submission), and as a program run by ctx.run sees it (/workspace)."""
+
+    def grade(self, ctx):
+        result = super().grade(ctx)
+        script = ("import json, os, sys\n\n" + inspect.getsource(file_times)
+                  + "\nprint(json.dumps(file_times(sys.argv[1])))\n")
+        r = ctx.run([PYTHON, "-I", "-c", script, "/workspace"])
+        run = json.loads(r.stdout) if r.exit_code == 0 else r.stderr.decode()[-2000:]
+        return Grade(_reward(result), {"grader": file_times(str(ctx.submission)), "run": run})
 
 
 class GraderProbe(Addition):
@@ -166,3 +196,14 @@ class Runs(Doubler):
             if r.exit_code == 0 and r.stdout.strip() == str(2 * int(case)).encode():
                 passed += 1
         return Grade(passed / len(cases), {"passed": passed, "runs": runs})
+
+
+class RunReport(Doubler):
+    """Doubler whose grader also runs solution.py once without input and reports what it
+    printed: what the agent's code meets in the sandbox nested under the grader's."""
+
+    def grade(self, ctx):
+        r = ctx.run([PYTHON, "-I", "/workspace/solution.py"], timeout=10.0)
+        return Grade(_reward(super().grade(ctx)),
+                     {"exit": r.exit_code, "stdout": r.stdout.decode(errors="replace")[:4096],
+                      "stderr": r.stderr.decode(errors="replace")[-4096:]})

@@ -6,8 +6,10 @@ repeated, timed by the host's clock around the run. So a patched timer or an LD_
 in the agent's process measures nothing that counts (TIME-PATCH-01, TIME-PRELOAD-01); a
 cache can only be the agent's files, and the inputs are hidden (TIME-CACHE-01); nothing
 of the agent's sandbox, nor of an earlier run, is alive while one runs (TIME-BASELINE-01).
-The baseline's own output and time are checked against a calibrated range, and a
-speedup beyond what a Python process can do is rejected (D8).
+Every run's output is checked, each repeat, the baseline's too, so fast.py cannot be
+right while it is checked and wrong once only its speed counts (PERF-HOLLOW-01). The
+baseline's time is checked against a calibrated range, and a speedup beyond what a
+Python process can do is rejected (D8).
 """
 from __future__ import annotations
 
@@ -89,18 +91,20 @@ class PrimeCount(Environment):
         cases = json.loads((ctx.hidden / "cases.json").read_text())
         if ctx.read_deliverable("fast.py") is None:
             return Grade(0.0, {"verdict": "no_deliverable"})
+        # expected=: every run of both programs, each repeat, must print the right count;
+        # a fast.py that is right in the first repeat and wrong later scores 0 (PERF-HOLLOW-01).
         cmp = ctx.compare_speed([PYTHON, "-I", "/workspace/fast.py"],
                                 [PYTHON, "-I", "-c", BASELINE],
-                                [str(n).encode() for n in cases["inputs"]], repeats=3, timeout=10,
-                                memory=128 * MiB)
-        expected = [str(e).encode() for e in cases["expected"]]
+                                [str(n).encode() for n in cases["inputs"]],
+                                expected=[str(e) for e in cases["expected"]], repeats=3,
+                                timeout=10, memory=128 * MiB)
         details = {"speedup": cmp.speedup, "candidate_seconds": cmp.candidate_seconds,
                    "baseline_seconds": cmp.baseline_seconds, "failures": list(cmp.failures)}
-        baseline_ok = ([b.strip() for _, b in cmp.outputs] == expected
+        baseline_ok = (not any(r.failure for r in cmp.runs if r.program == "baseline")
                        and BASELINE_RANGE[0] <= cmp.baseline_seconds <= BASELINE_RANGE[1])
         if not baseline_ok:
             return Grade(0.0, {**details, "verdict": "baseline_out_of_calibration"})
-        if cmp.failures or [c.strip() for c, _ in cmp.outputs] != expected:
+        if not cmp.ok:
             return Grade(0.0, {**details, "verdict": "wrong_output"})
         if cmp.speedup > IMPLAUSIBLE_SPEEDUP:
             return Grade(0.0, {**details, "verdict": "implausible_speedup"})
