@@ -168,15 +168,9 @@ sys.stdout.write(json.dumps({"results": results}))
 '''
 
 
-def reference(title: str) -> str:
-    words, word = [], []
-    for ch in title.lower() + " ":
-        if ch.isascii() and ch.isalnum():
-            word.append(ch)
-        elif word:
-            words.append("".join(word))
-            word = []
-    return "-".join(words)
+_fixed: dict = {}
+exec(FIXED, _fixed)
+reference = _fixed["slugify"]  # the right answers: the reference solution itself
 
 
 def hidden_cases(seed: int) -> dict[str, dict]:
