@@ -490,8 +490,18 @@ class Cgroup:
 
     def _reusable(self) -> bool:
         """Whether this cgroup is as good as new for another sandbox: no task, no child
-        cgroup, not frozen, little memory still charged; resets its counters. Called
-        only once its tasks are gone."""
+        cgroup, not frozen, little memory still charged, a peak that can be reset;
+        resets its counters. Called only once its tasks are gone."""
+        if not self.peak_resettable or self.populated() or not self._no_child_cgroups():
+            return False
+        if not self._thawed() or not self._little_left():
+            return False
+        self.reset_memory_peak()
+        self._reset_counters()
+        return True
+
+    def _reset_counters(self) -> None:
+        """From here on, count only the next user's OOM kills and CPU time."""
         raise NotImplementedError
 
     def _little_left(self) -> bool:
@@ -748,16 +758,9 @@ class _V2Cgroup(Cgroup):
         _write(self._file("cpu.max"), f"{limits.quota_us} {PERIOD_US}")
         self._limits = limits
 
-    def _reusable(self) -> bool:
-        # Before Linux 6.12 memory.peak cannot be reset: a new user would see the old peak.
-        if not self.peak_resettable or self.populated() or not self._no_child_cgroups():
-            return False
-        if not self._thawed() or not self._little_left():
-            return False
-        os.write(self._peak_fd, b"reset")
+    def _reset_counters(self) -> None:  # the kernel resets neither: keep a base
         self._oom_base = self._oom_count()
         self._cpu_base = self._cpu_count()
-        return True
 
     def _close(self) -> None:
         for fd in (self._dir_fd, self._events_fd, self._peak_fd):
@@ -873,19 +876,10 @@ class _V1Cgroup(Cgroup):
                "its parent cgroup's cpu.cfs_quota_us allows")
         self._limits = limits
 
-    def _reusable(self) -> bool:
-        if not self._no_child_cgroups():
-            return False
-        for path in self.paths:
-            if _read(os.path.join(path, "cgroup.procs")).strip():
-                return False
-        if not self._thawed() or not self._little_left():
-            return False
-        self.reset_memory_peak()
+    def _reset_counters(self) -> None:
         _write(self._file("memory", "memory.failcnt"), "0")
         _write(self._file("cpuacct", "cpuacct.usage"), "0")
-        self._oom_base = self._oom_count()
-        return True
+        self._oom_base = self._oom_count()  # oom_control's count cannot be reset
 
     def cpu_seconds(self) -> float:
         return int(_read(self._file("cpuacct", "cpuacct.usage"))) / 1e9
