@@ -276,28 +276,23 @@ class Episode:
 
     def exec(self, command: str, timeout: float | None = None) -> ToolResult:
         """The agent's bash tool: cd and export carry over to the next command."""
-        sb = self._live()
-        argv = self._flow.argv("bash", command)
-        if isinstance(argv, ToolResult):
-            return argv
-        return self._flow.record("bash", command, sb.exec(argv, timeout=timeout),
-                                 sb.spec.output_limit)
+        return self._tool("bash", command, timeout=timeout)
 
     def read_file(self, path: str) -> ToolResult:
         """Read a file with the agent's rights (relative paths are under /workspace)."""
-        sb = self._live()
-        argv = self._flow.argv("read_file", path)
-        if isinstance(argv, ToolResult):
-            return argv
-        return self._flow.record("read_file", path, sb.exec(argv), sb.spec.output_limit)
+        return self._tool("read_file", path)
 
     def write_file(self, path: str, content: str | bytes) -> ToolResult:
         """Write a file with the agent's rights (relative paths are under /workspace)."""
+        return self._tool("write_file", path, stdin=content)
+
+    def _tool(self, tool: str, argument: str, *, stdin: str | bytes = b"",
+              timeout: float | None = None) -> ToolResult:
         sb = self._live()
-        argv = self._flow.argv("write_file", path)
+        argv = self._flow.argv(tool, argument)
         if isinstance(argv, ToolResult):
             return argv
-        return self._flow.record("write_file", path, sb.exec(argv, stdin=content),
+        return self._flow.record(tool, argument, sb.exec(argv, stdin=stdin, timeout=timeout),
                                  sb.spec.output_limit)
 
     def give_up(self) -> Outcome:
@@ -404,26 +399,22 @@ class AsyncEpisode:
         return self._sandbox
 
     async def exec(self, command: str, timeout: float | None = None) -> ToolResult:
-        sb = self._live()
-        argv = self._flow.argv("bash", command)
-        if isinstance(argv, ToolResult):
-            return argv
-        return self._flow.record("bash", command, await sb.exec(argv, timeout=timeout),
-                                 sb.spec.output_limit)
+        return await self._tool("bash", command, timeout=timeout)
 
     async def read_file(self, path: str) -> ToolResult:
-        sb = self._live()
-        argv = self._flow.argv("read_file", path)
-        if isinstance(argv, ToolResult):
-            return argv
-        return self._flow.record("read_file", path, await sb.exec(argv), sb.spec.output_limit)
+        return await self._tool("read_file", path)
 
     async def write_file(self, path: str, content: str | bytes) -> ToolResult:
+        return await self._tool("write_file", path, stdin=content)
+
+    async def _tool(self, tool: str, argument: str, *, stdin: str | bytes = b"",
+                    timeout: float | None = None) -> ToolResult:
         sb = self._live()
-        argv = self._flow.argv("write_file", path)
+        argv = self._flow.argv(tool, argument)
         if isinstance(argv, ToolResult):
             return argv
-        return self._flow.record("write_file", path, await sb.exec(argv, stdin=content),
+        return self._flow.record(tool, argument,
+                                 await sb.exec(argv, stdin=stdin, timeout=timeout),
                                  sb.spec.output_limit)
 
     async def give_up(self) -> Outcome:
