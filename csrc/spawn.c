@@ -110,8 +110,8 @@ static long clone3_child_exec(struct clone_args *ca, long child_fd, const char *
  *   bytes, queued signals, nested namespaces) to the creator's uid as well. Created by
  *   the trainer's root, every sandbox would draw on root's pools (4 sandboxes took all
  *   128 inotify instances of this host's root, the trainer's included). So a root
- *   caller's thread takes owner_uid/owner_gid, unused host ids of the sandbox's range,
- *   as its effective ids for the clone3. Raw syscalls change this thread only (glibc's
+ *   caller's thread takes owner_uid/owner_gid, host ids of this sandbox's own (no host
+ *   account's; the agent runs as owner_uid inside), as its effective ids for the clone3. Raw syscalls change this thread only (glibc's
  *   setresuid would change every thread); fsuid stays the caller's, so that
  *   CLONE_INTO_CGROUP's permission check sees the caller. The change of effective ids
  *   also makes the process non-dumpable, and that stays so: the child shares the

@@ -192,8 +192,8 @@ def _config_message(spec: SandboxSpec, ident: _Identity) -> bytes:
     msg.rlimit(resource.RLIMIT_FSIZE, spec.disk, spec.disk)
     msg.rlimit(resource.RLIMIT_CORE, 0, 0)
     # Counted per user, and on the host against the user namespace's creator: cap what
-    # one sandbox can take from the pools the host's root shares (POSIX message queue
-    # bytes, queued signals).
+    # one sandbox can take from its owner's pools (POSIX message queue bytes, queued
+    # signals), which an unprivileged caller shares with all its sandboxes.
     msg.rlimit(resource.RLIMIT_MSGQUEUE, 64 * KiB, 64 * KiB)
     msg.rlimit(resource.RLIMIT_SIGPENDING, 1024, 1024)
     msg.record(p.T_LOOPBACK)
