@@ -25,6 +25,7 @@ import psutil
 from . import cgroups
 from .environment import Environment
 from .episode import Episode, Outcome
+from .tools import call_tool
 
 EPSILON = 1e-9
 BOUND_SECONDS = 180.0  # an episode of the battery must end within this, grading included
@@ -246,17 +247,9 @@ def _play(env: Environment, seed: int, steps: Sequence) -> tuple[Outcome, float]
     with Episode(env, seed=seed) as ep:
         ep.reset()
         for step in steps:
-            tool, args = ("bash", {"command": step}) if isinstance(step, str) else step
-            if tool == "give_up":
-                return ep.give_up(), time.monotonic() - t
-            if tool == "bash":
-                ep.exec(args["command"])
-            elif tool == "read_file":
-                ep.read_file(args["path"])
-            elif tool == "write_file":
-                ep.write_file(args["path"], args["content"])
-            else:
-                raise ValueError(f"unknown tool {tool!r} (bash, read_file, write_file, give_up)")
+            call_tool(ep, *(("bash", {"command": step}) if isinstance(step, str) else step))
+            if ep.done:  # gave up
+                break
         outcome = ep.finish()
     return outcome, time.monotonic() - t
 

@@ -45,15 +45,14 @@ class ToolCall:
     arguments: dict[str, Any]
 
 
-_TOOL_ARGS = {"bash": ("command",), "read_file": ("path",), "write_file": ("path", "content"),
-              "give_up": ()}
-
-
 def parse_agent(text: str, source: str = "agent file") -> list[ToolCall]:
     """One bash command per line (blank lines and # comments ignored), or JSON Lines of
     tool calls: {"tool": "bash", "command": ...}, {"tool": "write_file", "path": ...,
     "content": ...}, {"tool": "read_file", "path": ...}, {"tool": "give_up"}; the OpenAI
     form {"name": ..., "arguments": {...}} is accepted too."""
+    from ..tools import TOOLS
+
+    required = {t["name"]: t["parameters"].get("required", ()) for t in TOOLS}
     lines = [(i, line) for i, line in enumerate(text.splitlines(), 1)
              if line.strip() and not line.lstrip().startswith("#")]
     if not lines or not lines[0][1].lstrip().startswith("{"):
@@ -70,12 +69,12 @@ def parse_agent(text: str, source: str = "agent file") -> list[ToolCall]:
         args = obj.get("arguments", {k: v for k, v in obj.items() if k != "tool"})
         if isinstance(args, str):
             args = json.loads(args)
-        if name not in _TOOL_ARGS:
+        if name not in required:
             raise ValueError(f"{source}:{number}: unknown tool {name!r} "
                              "(bash, read_file, write_file, give_up)")
         if not isinstance(args, dict):
             raise ValueError(f"{source}:{number}: the arguments must be a JSON object")
-        for arg in _TOOL_ARGS[name]:
+        for arg in required[name]:
             if not isinstance(args.get(arg), str):
                 raise ValueError(f"{source}:{number}: {name} needs a string {arg!r}")
         calls.append(ToolCall(name, dict(args)))
