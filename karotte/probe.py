@@ -446,7 +446,7 @@ def _run_sandbox() -> _Evidence | _Failure:
                 ev.init_pidfd_errno = 0
             except OSError as exc:
                 ev.init_pidfd_errno = exc.errno
-            ev.userns_owner = _userns_owner(sb.init_pid)
+            ev.userns_owner = userns_owner(sb.init_pid)
             _run_inside(sb, ev)
             if cg is not None:
                 _kill_with_background(sb, cg, ev)
@@ -457,7 +457,7 @@ def _run_sandbox() -> _Evidence | _Failure:
     return ev
 
 
-def _userns_owner(pid: int) -> int | None:
+def userns_owner(pid: int) -> int | None:
     """The host uid that owns process pid's user namespace (NS_GET_OWNER_UID)."""
     try:
         fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)

@@ -125,13 +125,19 @@ def _forget_owner_start() -> None:
 os.register_at_fork(after_in_child=_forget_owner_start)
 
 
+def ns_owner_ids(base: int = DEFAULT_UID_BASE) -> range:
+    """The host uids that own sandboxes' user namespaces (and that their agents run as),
+    for a root caller with KAROTTE_UID_BASE base: the NS_OWNERS after the mapped range."""
+    return range(base + 65536, base + 65536 + NS_OWNERS)
+
+
 @lru_cache(maxsize=4)
 def _check_reserved_ids(base: int) -> None:
     """The host ids Karotte takes as root, [base, base + 65536 + NS_OWNERS), must fit in
     32 bits and belong to no local account or group, nor to any user's subordinate ids
     (/etc/subuid, /etc/subgid): a process running as one of them could signal, trace or
     enter sandboxes."""
-    top = base + 65536 + NS_OWNERS
+    top = ns_owner_ids(base).stop
     if base < 1 or top > 0xFFFF_FFFF:
         raise HostUnsupported("uid range", f"KAROTTE_UID_BASE {base:#x} leaves no room for the "
                               f"{top - base} host ids Karotte uses from it (up to {top:#x}); "
@@ -170,7 +176,7 @@ def _identity() -> _Identity:
         base = int(os.environ.get("KAROTTE_UID_BASE", DEFAULT_UID_BASE))
         _check_reserved_ids(base)
         return _Identity(f"0 {base} 65536\n", f"0 {base} 65536\n", False, False,
-                         AGENT_UID, AGENT_UID, ns_owners=base + 65536)
+                         AGENT_UID, AGENT_UID, ns_owners=ns_owner_ids(base).start)
     # Without privilege the kernel lets us map exactly our own ids; the agent gets a
     # nested namespace in which that id is 1000 (see agent_child in csrc/init.c).
     return _Identity(f"0 {os.geteuid()} 1\n", f"0 {os.getegid()} 1\n", True, True, 0, 0)

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import child_inits, karotte_cgroups, py, sandbox_processes
 from karotte.errors import SandboxClosed, SandboxError
-from karotte.sandbox import DEFAULT_UID_BASE, AGENT_UID, NS_OWNERS, AsyncSandbox, Sandbox
+from karotte.sandbox import DEFAULT_UID_BASE, AGENT_UID, AsyncSandbox, Sandbox, ns_owner_ids
 from karotte.spec import Bind, MiB, SandboxSpec
 
 NAMESPACES = ("user", "pid", "mnt", "net", "ipc", "uts", "cgroup")
@@ -52,11 +52,10 @@ def test_agent_is_an_unprivileged_host_uid_never_root_or_the_caller(sandbox):
     assert r.stdout == b"started\n"
     host_pids = [pid for pid in sandbox.cgroup.pids() if pid != sandbox.init_pid]
     assert host_pids, "the background sleep is not in the sandbox's cgroup"
-    owners = range(DEFAULT_UID_BASE + 65536, DEFAULT_UID_BASE + 65536 + NS_OWNERS)
     for pid in host_pids:
         proc = psutil.Process(pid)
         uids, gids = set(proc.uids()), set(proc.gids())
-        assert len(uids) == 1 and uids.pop() in owners  # one of its own, reserved
+        assert len(uids) == 1 and uids.pop() in ns_owner_ids()  # one of its own, reserved
         assert gids == {DEFAULT_UID_BASE + AGENT_UID}
     init_uids = psutil.Process(sandbox.init_pid).uids()
     assert set(init_uids) == {DEFAULT_UID_BASE}, "init must not be host root either"
@@ -89,7 +88,7 @@ def test_an_agent_that_takes_its_pipe_buffer_quota_leaves_other_sandboxes_theirs
     soft = int(open("/proc/sys/fs/pipe-user-pages-soft").read())
     if soft == 0:
         pytest.skip("fs.pipe-user-pages-soft is 0 (no per-user pipe quota on this host)")
-    hog = py(f"""
+    hog = py("""
 import fcntl, os, time
 pipes = []
 while True:

@@ -23,10 +23,11 @@ import psutil
 import pytest
 from pyroute2 import NetNS
 
-from conftest import BPF_JIT_CALLS, SYSCALL_PROBE, py, sandbox_processes
+from conftest import BPF_JIT_CALLS, SYSCALL_PROBE, _nr, py, sandbox_processes
 from karotte import cgroups, hostdirs, native
 from karotte.errors import HostUnsupported
-from karotte.sandbox import DEFAULT_UID_BASE, NS_OWNERS, Sandbox
+from karotte.probe import userns_owner
+from karotte.sandbox import DEFAULT_UID_BASE, Sandbox, ns_owner_ids
 from karotte.spec import Bind, MiB, SandboxSpec
 
 def syscalls(sb: Sandbox, calls: list[tuple[str, int, list[int]]]) -> dict[str, str]:
@@ -108,7 +109,7 @@ def test_RES_BPFJIT_01_the_agent_cannot_load_seccomp_or_socket_filters(sandbox):
     # Filters JIT-compiled into the host-wide budget would, once it is spent, stop every
     # new sandbox from loading its own filter. The same calls on the host are refused by
     # the kernel for their NULL program or fd -1, never with EPERM.
-    calls = BPF_JIT_CALLS + [("bpf_prog_load", 321, [5, 0, 0])]
+    calls = BPF_JIT_CALLS + [("bpf_prog_load", _nr("bpf"), [5, 0, 0])]
     res = syscalls(sandbox, calls)
     assert res == dict.fromkeys(res, "EPERM"), res
     host = subprocess.run([sys.executable, "-c", SYSCALL_PROBE, json.dumps(BPF_JIT_CALLS)],
@@ -520,8 +521,9 @@ def test_sigkill_of_the_host_process_takes_its_sandboxes_down_and_gc_cleans_up(n
 
 def test_kernel_aio_is_unavailable_so_the_host_pool_cannot_be_drained(sandbox):
     # fs.aio-max-nr is one counter for the whole host: one agent could take it all.
-    res = syscalls(sandbox, [("io_setup", 206, [1, 0]), ("io_submit", 209, [0, 0, 0]),
-                             ("io_getevents", 208, [0, 0, 0, 0, 0])])
+    res = syscalls(sandbox, [("io_setup", _nr("io_setup"), [1, 0]),
+                             ("io_submit", _nr("io_submit"), [0, 0, 0]),
+                             ("io_getevents", _nr("io_getevents"), [0, 0, 0, 0, 0])])
     assert res == {k: "ENOSYS" for k in res}, res
 
 
@@ -568,17 +570,6 @@ def _cap_eff() -> int:
     return int(status.split("CapEff:")[1].split()[0], 16)
 
 
-def _ns_owner_uid(pid: int) -> int:
-    import fcntl
-    import struct
-    NS_GET_OWNER_UID = 0xB704  # _IO(0xb7, 0x4)
-    fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return struct.unpack("I", fcntl.ioctl(fd, NS_GET_OWNER_UID, b"\0" * 4))[0]
-    finally:
-        os.close(fd)
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="an unprivileged trainer's sandboxes are owned by "
                     "its own uid, whose per-user counts they share (tests/test_unprivileged.py)")
 def test_per_user_kernel_counts_of_sandboxes_are_not_charged_to_the_trainer(no_leaks):
@@ -599,9 +590,8 @@ def test_per_user_kernel_counts_of_sandboxes_are_not_charged_to_the_trainer(no_l
     sandboxes = []
     try:
         sandboxes += [Sandbox() for _ in range(count)]
-        owners = {_ns_owner_uid(sb.init_pid) for sb in sandboxes}
-        base = DEFAULT_UID_BASE + 65536
-        assert len(owners) == count and all(base <= o < base + NS_OWNERS for o in owners)
+        owners = {userns_owner(sb.init_pid) for sb in sandboxes}
+        assert len(owners) == count and all(o in ns_owner_ids() for o in owners)
         got = []
         for sb in sandboxes:
             r = sb.exec(["sh", "-c", f"/usr/bin/python3 -c '{HOLD_INOTIFY}' > /tmp/n & "
