@@ -2,7 +2,8 @@
 
 Everything is a fresh tmpfs or a read-only bind of the host's userland, described in
 rootfs/. Every mount is nosuid and nodev except the single device-node binds under
-/dev; nothing of the host is visible that is not listed here.
+/dev and the private devpts (nosuid, noexec); nothing of the host is visible that is
+not listed here.
 """
 from __future__ import annotations
 

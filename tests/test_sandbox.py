@@ -11,6 +11,8 @@ import resource
 import shlex
 import signal
 import stat
+import subprocess
+import sys
 import time
 
 import shutil
@@ -166,8 +168,11 @@ def test_every_mount_is_nosuid_and_nodev_except_the_device_nodes(sandbox):
         fields = line.split()
         point, opts = fields[4], fields[5].split(",")
         assert "nosuid" in opts, line
-        if point not in devices and point != "/dev/pts":
+        if point == "/dev/pts":  # its pty nodes need dev; nothing on it may run
+            assert "noexec" in opts, line
+        elif point not in devices:
             assert "nodev" in opts, line
+    assert any(line.split()[4] == "/dev/pts" for line in lines)
 
 
 def test_nothing_of_the_host_is_mounted_beyond_the_userland(sandbox):
@@ -586,3 +591,27 @@ def test_init_starts_in_its_cgroup_in_every_hierarchy_and_the_trainer_stays_wher
         assert ours and all(os.path.basename(v) == name for v in ours.values()), inside
         assert sb.exec(["true"]).exit_code == 0
     assert trainer_threads() == before
+
+
+DUMPABLE_AFTER_SPAWNS = """
+import prctl
+from karotte.sandbox import Sandbox
+before = prctl.get_dumpable()
+seen = []
+for _ in range(3):
+    with Sandbox() as sb:
+        seen.append(prctl.get_dumpable())
+        sb.exec(["true"])
+    seen.append(prctl.get_dumpable())
+print(before, *seen)
+"""
+
+
+def test_the_trainer_is_not_dumpable_once_it_has_spawned_a_sandbox(no_leaks):
+    # The spawn child shares the trainer's memory until its exec, in a user namespace
+    # whose owner uid has every capability over it: the trainer's mm must stay
+    # non-dumpable, or that uid could attach to the child (README, Limits).
+    r = subprocess.run([sys.executable, "-c", DUMPABLE_AFTER_SPAWNS], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True"] + ["False"] * 6
