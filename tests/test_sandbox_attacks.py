@@ -624,21 +624,36 @@ def test_a_host_id_range_that_overflows_or_holds_an_account_is_refused(no_leaks,
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the host id range is used by root callers only")
+@pytest.mark.parametrize("table, offset", [("subuid", 1), ("subgid", 3)])
 def test_a_subordinate_id_range_that_overlaps_karottes_host_ids_is_refused(no_leaks, monkeypatch,
-                                                                           tmp_path):
+                                                                           tmp_path, table,
+                                                                           offset):
     # A user whose /etc/subuid range covers the agent's host uid can run a container
-    # process as that uid, which may then signal or trace the agent's processes.
+    # process as that uid, which may then signal or trace the agent's processes (and
+    # /etc/subgid, as the gid: the group the grader reads hidden data through).
     from karotte import sandbox as ksandbox
-    subuid = tmp_path / "subuid"
-    subuid.write_text(f"alice:100000:65536\nmallory:{DEFAULT_UID_BASE + 500}:1000\n")
-    monkeypatch.setattr(ksandbox, "SUBID_TABLES", (str(subuid),))
-    monkeypatch.setenv("KAROTTE_UID_BASE", str(DEFAULT_UID_BASE + 1))  # not cached yet
-    with pytest.raises(HostUnsupported, match="'mallory' the ids 0x700001f4-0x700005db"):
+    subids = tmp_path / table
+    subids.write_text(f"alice:100000:65536\nmallory:{DEFAULT_UID_BASE + 500}:1000\n")
+    monkeypatch.setattr(ksandbox, "SUBID_TABLES", (str(tmp_path / "none"), str(subids)))
+    monkeypatch.setenv("KAROTTE_UID_BASE", str(DEFAULT_UID_BASE + offset))  # not cached yet
+    with pytest.raises(HostUnsupported, match=f"{table} gives 'mallory' the ids 0x700001f4-"):
         Sandbox()
-    subuid.write_text("alice:100000:65536\n")
-    monkeypatch.setenv("KAROTTE_UID_BASE", str(DEFAULT_UID_BASE + 2))
+    subids.write_text("alice:100000:65536\n")
+    monkeypatch.setenv("KAROTTE_UID_BASE", str(DEFAULT_UID_BASE + offset + 1))
     with Sandbox() as sb:
         assert sb.exec(["true"]).exit_code == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the host id range is used by root callers only")
+def test_a_group_inside_karottes_host_ids_is_refused(no_leaks, monkeypatch, tmp_path):
+    # Its members would share the agent gid, through which the grader reads hidden data.
+    from karotte import sandbox as ksandbox
+    group = tmp_path / "group"
+    group.write_text(f"root:x:0:\nsandboxes:x:{DEFAULT_UID_BASE + 1000}:mallory\n")
+    monkeypatch.setattr(ksandbox, "ID_TABLES", ("/etc/passwd", str(group)))
+    monkeypatch.setenv("KAROTTE_UID_BASE", str(DEFAULT_UID_BASE + 5))  # not cached yet
+    with pytest.raises(HostUnsupported, match=f"{group} has 'sandboxes' with id"):
+        Sandbox()
 
 
 def test_a_frozen_parent_cgroup_refuses_a_sandbox_instead_of_hanging_the_trainer(no_leaks):
