@@ -8,8 +8,7 @@ import pytest
 
 from envs.basic import Addition, Doubler
 from envs.broken import (CrashingGrader, GraderCannotStart, LargeMessages, SlowGrader,
-                         TightScanLimits,
-                         TinyOutput)
+                         TightScanLimits, TinyOutput)
 from karotte.episode import AsyncEpisode, Episode, set_concurrency
 from karotte.errors import SandboxClosed
 
@@ -178,7 +177,7 @@ def test_async_finishes_grade_as_many_at_once_as_the_concurrency_allows(no_leaks
     env = SlowGrader()
     n = 12  # twice the default executor's 6 threads on a 2-core machine
 
-    async def one(seed: int) -> float:
+    async def one(seed: int) -> tuple[float, float]:
         async with AsyncEpisode(env, seed=seed) as ep:
             await ep.reset()
             for command in env.reference_solution(seed):

@@ -101,11 +101,13 @@ def scored_bottom(outcome: Outcome, reason: str = "graded", bound: float = BOUND
     assert outcome.timings.total < bound
 
 
-def next_episode_is_clean(env=None) -> None:
+def next_episode_is_clean(env=None) -> Outcome:
+    """An honest agent (the reference solution) scores full marks, with nothing flagged."""
     env = env or Addition()
     outcome = play(env, *env.reference_solution(SEED))
     assert (outcome.reward, outcome.reason, outcome.infra_error, outcome.violations) == \
         (1.0, "graded", None, ()), (outcome.details, outcome.grader_log[-3000:])
+    return outcome
 
 
 def every_hidden_test(outcome: Outcome, status: str | set[str]) -> None:
@@ -160,10 +162,7 @@ ENVS = [Addition(), Doubler(), FixFunction(), PrimeCount(), Inventory(), Mean(),
 
 @pytest.mark.parametrize("env", ENVS, ids=[type(e).__name__ for e in ENVS])
 def test_an_honest_agent_scores_full_marks(env):
-    outcome = play(env, *env.reference_solution(SEED))
-    assert (outcome.reward, outcome.reason, outcome.infra_error, outcome.violations) == \
-        (1.0, "graded", None, ()), (outcome.details, outcome.grader_log[-3000:])
-    assert outcome.timings.total < BOUND
+    assert next_episode_is_clean(env).timings.total < BOUND
 
 
 # -- A. test and verdict tampering (TEST) ---------------------------------------------
@@ -492,24 +491,41 @@ def test_LEAK_STACK_01_the_expected_values_are_in_no_process_that_runs_agent_cod
         assert case["expect"] not in outcome.grader_log
 
 
+def sections(text: str) -> dict[str, list[str]]:
+    """The lines of text that follow each "==name==" line, by name."""
+    found: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if line.startswith("==") and line.endswith("=="):
+            found[line.strip("=")] = []
+        else:
+            found[next(reversed(found))].append(line)
+    return found
+
+
 def test_LEAK_FS_01_hidden_tests_are_nowhere_in_the_agents_sandbox():
     secret = next(iter(hidden_cases(SEED))).rsplit("_", 1)[1]
+    # /usr is the host's, bound read-only: it holds nothing of an episode, and names that
+    # match innocently (C++'s <expected>).
+    grep = "grep -rl --exclude-dir=proc --exclude-dir=sys --exclude-dir=usr -e"
     with Episode(FixFunction(), seed=SEED) as ep:
         ep.reset()
         r = ep.exec(
-            "find / \\( -path /proc -o -path /sys \\) -prune -o \\( -iname '*hidden*' -o "
-            "-iname '*expected*' -o -iname 'tests.json' -o -iname 'fixfunc*' -o -iname "
-            "'karotte-*' \\) -print 2>/dev/null | grep -v '^/usr/share' | head -50; "
-            "ls -la /hidden /opt /opt/karotte-lib /submission /proc/1/root/ /proc/self/cwd/ 2>&1; "
-            f"grep -rl '{secret}' / --exclude-dir=proc --exclude-dir=sys --exclude-dir=usr "
-            "2>/dev/null; "
-            "cat /proc/self/mountinfo", timeout=60)
+            "echo ==names==; find / \\( -path /proc -o -path /sys -o -path /usr \\) -prune -o "
+            "\\( -iname '*hidden*' -o -iname '*expected*' -o -iname 'tests.json' -o "
+            "-iname 'fixfunc*' -o -iname 'karotte-*' \\) -print 2>/dev/null; "
+            "echo ==dirs==; for d in /hidden /opt /submission; do [ -e $d ] && echo $d; done; "
+            "ls /proc/1/root/ >/dev/null 2>&1 && ! [ /proc/1/root/ -ef / ] && echo /proc/1/root; "
+            f"echo ==secret==; {grep} {secret} / 2>/dev/null; "
+            f"echo ==control==; {grep} 'def slugify' / 2>/dev/null; "
+            "echo ==mounts==; cat /proc/self/mountinfo", timeout=60)
         outcome = ep.finish()
+    found = sections(r.text)
+    assert (found["names"], found["dirs"], found["secret"]) == ([], [], []), found
+    assert found["control"] == ["/workspace/slug.py"], found  # the search does reach files
     assert secret not in r.text
     for case in hidden_cases(SEED).values():
         assert case["expect"] not in r.text
-    mounts = [line.split()[4] for line in r.text.splitlines()
-              if line[:1].isdigit() and " - " in line]
+    mounts = [line.split()[4] for line in found["mounts"]]
     assert mounts and all(m in ("/", "/usr", "/etc", "/proc", "/tmp", "/workspace", "/home/agent")
                           or m.startswith(("/etc/", "/dev/")) for m in mounts), mounts
     scored_bottom(outcome)

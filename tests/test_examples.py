@@ -154,7 +154,8 @@ def test_speedup_a_solution_right_only_while_checked_scores_0(no_leaks):
                  "    print(0)\n    raise SystemExit\n" + BASELINE)
     outcome = play(Speedup(), [write("solution.py", two_faced)])
     assert graded(outcome, 0.0), outcome.details
-    assert "wrong output" in outcome.details["why"], outcome.details
+    why = outcome.details["why"]
+    assert "wrong output" in why and "when timed" in why, outcome.details
 
 
 def test_speedup_expected_answers_match_the_baseline():

@@ -7,6 +7,7 @@ bounded time with the bottom reward and a reason, never an infrastructure error.
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import math
 import os
@@ -38,14 +39,12 @@ class Inventory(Addition):
 
     def grade(self, ctx):
         result = super().grade(ctx)
+        paths = (os.path.join(root, name)
+                 for root, dirs, names in os.walk(ctx.submission) for name in dirs + names)
         files = {}
-        for root, dirs, names in os.walk(ctx.submission):
-            for name in dirs + names:
-                path = os.path.join(root, name)
-                st = os.lstat(path)
-                files[os.path.relpath(path, ctx.submission)[:100]] = [oct(st.st_mode), st.st_size]
-                if len(files) >= 200:
-                    return Grade(_reward(result), {"files": files})
+        for path in itertools.islice(paths, 200):
+            st = os.lstat(path)
+            files[os.path.relpath(path, ctx.submission)[:100]] = [oct(st.st_mode), st.st_size]
         return Grade(_reward(result), {"files": files})
 
 

@@ -40,26 +40,21 @@ for k in range(2, n):
 print(count)
 '''
 
-FAST = '''\
-import sys
-
-n = int(sys.stdin.read())
-sieve = bytearray([1]) * max(n, 2)
-sieve[0] = sieve[1] = 0
-for p in range(2, int(n ** 0.5) + 1):
-    if sieve[p]:
-        sieve[p * p::p] = bytes(len(range(p * p, n, p)))
-print(sum(sieve[:n]))
-'''
-
-
-def prime_count(n: int) -> int:
+PRIME_COUNT = '''\
+def prime_count(n):
     sieve = bytearray([1]) * max(n, 2)
     sieve[0] = sieve[1] = 0
     for p in range(2, int(n ** 0.5) + 1):
         if sieve[p]:
             sieve[p * p::p] = bytes(len(range(p * p, n, p)))
     return sum(sieve[:n])
+'''
+
+FAST = "import sys\n\n\n" + PRIME_COUNT + "\n\nprint(prime_count(int(sys.stdin.read())))\n"
+
+_fast: dict = {}
+exec(PRIME_COUNT, _fast)
+prime_count = _fast["prime_count"]  # the right answers: the reference solution's own
 
 
 def hidden_input(seed: int) -> int:
