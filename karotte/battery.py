@@ -25,6 +25,7 @@ import psutil
 from . import cgroups
 from .environment import Environment
 from .episode import Episode, Outcome
+from .seeding import env_seed
 from .tools import call_tool
 
 EPSILON = 1e-9
@@ -319,7 +320,7 @@ def check(env: Environment, *, seed: int = 1,
           progress: Callable[[str], None] | None = None) -> CheckReport:
     """Run the reference, the null agent and the battery against env."""
     bottom, top = env.reward_range
-    reference = tuple(env.reference_solution(seed))
+    reference = tuple(env.reference_solution(env_seed(env, seed)))
     judge = _Judge(env, seed, progress)
     ref, secs = _play(env, seed, reference)
     if not reference:
@@ -360,7 +361,7 @@ def redteam(env: Environment, *, seed: int = 1, attacks: Sequence[Attack] | None
     as _play takes them). No reference run: the question is only whether anything
     scores more than doing nothing, or harms the host."""
     battery = attacks_for(env, seed) if attacks is None else attacks
-    reference = tuple(env.reference_solution(seed)) if any(a.on_reference for a in battery) else ()
+    reference = tuple(env.reference_solution(env_seed(env, seed))) if any(a.on_reference for a in battery) else ()
     judge = _Judge(env, seed, progress)
     ceiling = judge.null_agent()
     for attack in battery:

@@ -30,6 +30,7 @@ from .grading import GradeReport, run_grader
 from .results import ExecResult
 from .sandbox import AsyncSandbox, Sandbox
 from .scan import ScanLimits, Violation
+from .seeding import env_seed
 
 SHELL_STATE = "/home/agent/.karotte-shell-state"
 # Each command runs in a fresh bash that first restores the previous command's working
@@ -135,9 +136,11 @@ def bash_argv(command: str) -> list[str]:
 class _Flow:
     """The episode's state and its decisions, shared by the sync and async faces."""
 
-    def __init__(self, env: Environment | str, seed: int, scan_limits: ScanLimits | None):
+    def __init__(self, env: Environment | str, seed: int, scan_limits: ScanLimits | None,
+                 key: bytes | str | None):
         self.env = load(env)() if isinstance(env, str) else env
-        self.seed = seed
+        self.seed = seed  # the trainer's; the environment only ever sees env_seed
+        self.env_seed = env_seed(self.env, seed, key)
         self.scan_limits = scan_limits or self.env.scan_limits
         self.log: list[ExecRecord] = []
         self.t_start = time.monotonic()
@@ -145,7 +148,7 @@ class _Flow:
         self.finished: Outcome | None = None
 
     def setup_command(self) -> tuple[list[str], bytes] | None:
-        files = self.env.workspace_files(self.seed)
+        files = self.env.workspace_files(self.env_seed)
         if not files:
             return None
         return (["tar", "-x", "--no-same-owner", "-m", "-C", "/workspace", "-f", "-"],
@@ -228,7 +231,7 @@ class _Flow:
                 return decided
             t = time.monotonic()
             try:
-                report = run_grader(self.env, self.seed, custody.submission)
+                report = run_grader(self.env, self.env_seed, custody.submission)
             except (KarotteError, OSError) as exc:
                 return self.outcome(None, "infra_error", custody,
                                     infra_error=f"grading failed: {exc}",
@@ -238,28 +241,45 @@ class _Flow:
             custody.discard()
 
 
-class Episode:
-    """One episode, synchronous. Use as a context manager; exit always cleans up."""
+class _Facts:
+    """What both faces tell about their episode."""
 
-    def __init__(self, env: Environment | str, seed: int = 0, *,
-                 scan_limits: ScanLimits | None = None):
-        self._flow = _Flow(env, seed, scan_limits)
-        self._sandbox: Sandbox | None = None
+    _flow: _Flow
 
     @property
     def env(self) -> Environment:
         return self._flow.env
 
     @property
+    def seed(self) -> int:
+        """The trainer's seed (the environment sees one derived from it with the key)."""
+        return self._flow.seed
+
+    @property
     def done(self) -> bool:
         """Whether the episode has ended (finish() or give_up())."""
         return self._flow.finished is not None
+
+    def reference_solution(self) -> list[str]:
+        """The environment's reference solution for this episode (bash commands)."""
+        return list(self._flow.env.reference_solution(self._flow.env_seed))
+
+
+class Episode(_Facts):
+    """One episode, synchronous. Use as a context manager; exit always cleans up."""
+
+    def __init__(self, env: Environment | str, seed: int = 0, *,
+                 scan_limits: ScanLimits | None = None, key: bytes | str | None = None):
+        """key: the secret that turns seed into the environment's seed (karotte/seeding.py);
+        None takes the host's (KAROTTE_KEY, else its key file)."""
+        self._flow = _Flow(env, seed, scan_limits, key)
+        self._sandbox: Sandbox | None = None
 
     def reset(self) -> str:
         """Start the agent's sandbox with the task's files; returns the prompt."""
         flow = self._flow
         t = time.monotonic()
-        prompt = flow.env.prompt(flow.seed)
+        prompt = flow.env.prompt(flow.env_seed)
         self._sandbox = Sandbox(flow.env.limits)
         setup = flow.setup_command()
         if setup:
@@ -354,24 +374,17 @@ def _loop_slots() -> _Slots:
     return _slots[loop]
 
 
-class AsyncEpisode:
+class AsyncEpisode(_Facts):
     """The asyncio face of Episode. At most set_concurrency() episodes per event loop hold
     a sandbox at once; the others wait in reset()."""
 
     def __init__(self, env: Environment | str, seed: int = 0, *,
-                 scan_limits: ScanLimits | None = None):
-        self._flow = _Flow(env, seed, scan_limits)
+                 scan_limits: ScanLimits | None = None, key: bytes | str | None = None):
+        """key: the secret that turns seed into the environment's seed (karotte/seeding.py);
+        None takes the host's (KAROTTE_KEY, else its key file)."""
+        self._flow = _Flow(env, seed, scan_limits, key)
         self._sandbox: AsyncSandbox | None = None
         self._slot: asyncio.Semaphore | None = None
-
-    @property
-    def env(self) -> Environment:
-        return self._flow.env
-
-    @property
-    def done(self) -> bool:
-        """Whether the episode has ended (finish() or give_up())."""
-        return self._flow.finished is not None
 
     async def reset(self) -> str:
         flow = self._flow
@@ -380,7 +393,7 @@ class AsyncEpisode:
         self._slot = slot
         t = time.monotonic()
         try:
-            prompt = flow.env.prompt(flow.seed)
+            prompt = flow.env.prompt(flow.env_seed)
             self._sandbox = await AsyncSandbox(flow.env.limits).start()
             setup = flow.setup_command()
             if setup:

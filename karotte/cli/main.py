@@ -87,7 +87,7 @@ async def _play(env, seed: int, calls: Sequence[ToolCall] | None):
     async with AsyncEpisode(env, seed=seed) as ep:
         await ep.reset()
         plan = calls if calls is not None else [ToolCall("bash", {"command": c})
-                                                 for c in env.reference_solution(seed)]
+                                                 for c in ep.reference_solution()]
         for call in plan:
             if call.tool == "give_up":
                 return await ep.give_up()

@@ -1,4 +1,6 @@
 """Minimal environments: a file answer, and a program the grader runs."""
+import random
+
 from karotte.environment import Environment, File, Grade
 from karotte.spec import MiB, SandboxSpec
 
@@ -11,7 +13,8 @@ class Addition(Environment):
 
     @staticmethod
     def numbers(seed):
-        return 1000 + seed * 7, 2000 + seed * 13
+        rng = random.Random(f"addition:{seed}")
+        return rng.randint(1000, 9999), rng.randint(1000, 9999)
 
     def prompt(self, seed):
         return ("The file /workspace/numbers.txt holds two integers. Write their sum as a "
