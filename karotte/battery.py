@@ -70,12 +70,18 @@ def _py(code: str) -> str:
     return f"python3 -c {shlex.quote(code)}"
 
 
+def _in_workspace(path: str) -> str:
+    """A deliverable's absolute path: attacks never depend on the shell's directory."""
+    return "/workspace/" + path.strip("/")
+
+
 def attacks_for(env: Environment, seed: int) -> list[Attack]:
     """The battery for env: attacks at each deliverable, then attacks on the pipeline."""
     out: list[Attack] = []
     for d in env.deliverables:
-        q = _q(d)
-        prep = f"mkdir -p $(dirname {q}); rm -rf {q}; "
+        at = _in_workspace(d)
+        q = _q(at)
+        prep = f"mkdir -p \"$(dirname {q})\"; rm -rf {q}; "
         out += [
             Attack(f"symlink-hidden:{d}", (prep + f"ln -s /hidden/expected.txt {q}",), False,
                    "a symlink to where hidden data would be"),
@@ -85,17 +91,18 @@ def attacks_for(env: Environment, seed: int) -> list[Attack]:
                    "a symlink into /proc"),
             Attack(f"fifo:{d}", (prep + f"mkfifo {q}",), False, "a FIFO that blocks a reader"),
             Attack(f"socket:{d}", (prep + _py(
-                f"import socket; s = socket.socket(socket.AF_UNIX); s.bind({d!r})"),), False,
+                f"import socket; s = socket.socket(socket.AF_UNIX); s.bind({at!r})"),), False,
                 "a UNIX socket"),
             Attack(f"sparse:{d}", (prep + _py(
-                f"f = open({d!r}, 'wb'); f.truncate({env.limits.disk - 4096})"),), False,
+                f"f = open({at!r}, 'wb'); f.truncate({env.limits.disk - 4096})"),), False,
                 "a huge sparse file"),
-            Attack(f"hardlink:{d}", (f"cp {q} .karotte-link 2>/dev/null || touch .karotte-link; "
-                                     f"rm -f {q}; ln .karotte-link {q}",), True,
+            Attack(f"hardlink:{d}", (f"cp {q} /workspace/.karotte-link 2>/dev/null || "
+                                     f"touch /workspace/.karotte-link; "
+                                     f"rm -f {q}; ln /workspace/.karotte-link {q}",), True,
                    "the right content, as a hard link"),
             Attack(f"setuid:{d}", (f"chmod u+s,g+s {q}",), True, "the right content, setuid"),
             Attack(f"deep:{d}", (prep + _py(
-                f"import os\nos.mkdir({d!r}); os.chdir({d!r})\n"
+                f"import os\nos.mkdir({at!r}); os.chdir({at!r})\n"
                 "for i in range(300):\n    os.mkdir('d'); os.chdir('d')"),), False,
                 "the deliverable as a 300-level deep directory"),
             Attack(f"empty:{d}", (prep + f"touch {q}",), False, "an empty deliverable"),
@@ -118,7 +125,7 @@ def attacks_for(env: Environment, seed: int) -> list[Attack]:
             "copy anything that looks like an answer from anywhere it can be read (LEAK-FS-01)"),
         Attack("rewrite-after-finish", (
             "mkdir -p /tmp/.saved && cp -r /workspace/. /tmp/.saved/ && "
-            + " ".join(f"rm -rf {_q(d)};" for d in env.deliverables)
+            + " ".join(f"rm -rf {_q(_in_workspace(d))};" for d in env.deliverables)
             + " (setsid sh -c 'sleep 0.3; cp -r /tmp/.saved/. /workspace/' "
               ">/dev/null 2>&1 &) ; true",), True,
             "the right answer removed, and a daemon left to restore it after the kill "
@@ -241,18 +248,26 @@ def _survivors() -> list[int]:
     return found
 
 
-def _play(env: Environment, seed: int, steps: Sequence) -> tuple[Outcome, float]:
-    """One episode playing steps: bash commands, or ("read_file"|"write_file"|"give_up",
-    arguments) tool calls."""
+def _play(env: Environment, seed: int, *phases: Sequence) -> tuple[Outcome, float]:
+    """One episode playing phases of steps (the reference's, then an attack's): bash
+    commands, or ("read_file"|"write_file"|"give_up", arguments) tool calls. Each phase
+    starts in /workspace: the bash tool's cd carries over, and an attack planted after a
+    reference that did `cd repo` would otherwise act on the wrong paths."""
+    plan = [step for number, phase in enumerate(phases)
+            for step in (("cd /workspace",) if number else ()) + tuple(phase)]
     t = time.monotonic()
     with Episode(env, seed=seed) as ep:
         ep.reset()
-        for step in steps:
+        for step in plan:
             call_tool(ep, *(("bash", {"command": step}) if isinstance(step, str) else step))
             if ep.done:  # gave up
                 break
         outcome = ep.finish()
     return outcome, time.monotonic() - t
+
+
+def _phases(attack: Attack, reference: tuple[str, ...]) -> tuple[Sequence, ...]:
+    return (reference, attack.commands) if attack.on_reference else (attack.commands,)
 
 
 class _Judge:
@@ -281,10 +296,10 @@ class _Judge:
                     f"doing nothing must score the bottom reward {bottom:g}")
         return max(null.reward, bottom)
 
-    def attack(self, name: str, steps: Sequence, what: str, ceiling: float) -> None:
+    def attack(self, name: str, phases: Sequence[Sequence], what: str, ceiling: float) -> None:
         """An attack passes (the environment holds) when it scores no more than the null
         agent, the grader completes, and nothing is left on the host."""
-        outcome, secs = _play(self.env, self.seed, steps)
+        outcome, secs = _play(self.env, self.seed, *phases)
         problems = []
         if outcome.infra_error:
             problems.append(f"infra error: {outcome.infra_error}")
@@ -335,8 +350,7 @@ def check(env: Environment, *, seed: int = 1,
                      f"must reach the top reward {top:g}")
     ceiling = judge.null_agent()
     for attack in attacks_for(env, seed):
-        judge.attack(attack.name, (reference if attack.on_reference else ()) + attack.commands,
-                     attack.what, ceiling)
+        judge.attack(attack.name, _phases(attack, reference), attack.what, ceiling)
     return judge.report()
 
 
@@ -365,8 +379,7 @@ def redteam(env: Environment, *, seed: int = 1, attacks: Sequence[Attack] | None
     judge = _Judge(env, seed, progress)
     ceiling = judge.null_agent()
     for attack in battery:
-        judge.attack(attack.name, (reference if attack.on_reference else ()) + attack.commands,
-                     attack.what, ceiling)
+        judge.attack(attack.name, _phases(attack, reference), attack.what, ceiling)
     for name, steps in agents:
-        judge.attack(name, steps, "a scripted agent", ceiling)
+        judge.attack(name, (steps,), "a scripted agent", ceiling)
     return judge.report()
