@@ -9,10 +9,23 @@
  * The child must exec as root of its new user namespace, or execve would drop the
  * capabilities that init needs to build the mount tree. It can become that root only
  * after the parent has written its uid/gid maps (and, on cgroup v1, placed it in its
- * cgroup), so it first blocks in a zero-length recv on the control socket until the
- * parent sends the go datagram. Then: setresgid(0), setresuid(0), dup3 of the control
- * socket to fd 3, execve; exit_group if any step fails (also when the parent died
- * and the recv returned EOF: the maps are missing and setresgid fails).
+ * cgroup), so it blocks in a recv on the control socket until the parent sends the go
+ * datagram. Then: setresgid(0), setresuid(0), execve; exit_group if any step fails.
+ *
+ * It dies with its parent. clone3 copies the trainer's whole fd table into the child
+ * (no CLONE_FILES), the parent ends of every other sandbox's control socket included,
+ * and a child waiting for its go with those copies kept every init of the trainer
+ * from ever seeing EOF when the trainer was SIGKILLed (and kept its memory mapped).
+ * So before it waits, the child moves its end of the socket to fd 3 and closes every
+ * other fd (two close_range calls, Linux 5.9+). Then only the trainer holds the
+ * parent end, and the trainer's death is EOF: the recv returns 0 (MSG_TRUNC makes
+ * the go itself return its length, never 0) and the child exits without exec. An
+ * init that has exec'd sees the same EOF and exits, and with it its PID namespace.
+ * PR_SET_PDEATHSIG cannot do this: it fires when the creating thread exits, and the
+ * clone3 runs in a thread that ends right after it (below). The one window in which
+ * a child holds another sandbox's parent end is between its clone3 and its
+ * close_range: three syscalls that never block, so another init's EOF is at most that
+ * late.
  */
 #include "spawn.h"
 
@@ -49,16 +62,37 @@ static long clone3_child_exec(struct clone_args *ca, long child_fd, const char *
         "test %%rax, %%rax\n\t"
         "jnz 1f\n\t"
         /* Child: registers only; rcx and r11 are clobbered by syscall, r12-r15 survive. */
-        "mov $45, %%eax\n\t" /* recvfrom(child_fd, NULL, 0, 0, NULL, NULL): wait for go */
+        "mov $292, %%eax\n\t" /* dup3(child_fd, KAROTTE_CHILD_FD, 0): clears CLOEXEC */
         "mov %%r12, %%rdi\n\t"
+        "mov $3, %%esi\n\t"
+        "xor %%edx, %%edx\n\t"
+        "syscall\n\t"
+        "test %%rax, %%rax\n\t"
+        "js 2f\n\t"
+        "mov $436, %%eax\n\t" /* close_range(0, 2, 0): the trainer's stdio */
+        "xor %%edi, %%edi\n\t"
+        "mov $2, %%esi\n\t"
+        "xor %%edx, %%edx\n\t"
+        "syscall\n\t"
+        "test %%rax, %%rax\n\t"
+        "jnz 2f\n\t"
+        "mov $436, %%eax\n\t" /* close_range(4, ~0U, 0): every other fd, child_fd too */
+        "mov $4, %%edi\n\t"
+        "mov $-1, %%esi\n\t"
+        "xor %%edx, %%edx\n\t"
+        "syscall\n\t"
+        "test %%rax, %%rax\n\t"
+        "jnz 2f\n\t"
+        "mov $45, %%eax\n\t" /* recvfrom(3, NULL, 0, MSG_TRUNC, NULL, NULL): wait for go */
+        "mov $3, %%edi\n\t"
         "xor %%esi, %%esi\n\t"
         "xor %%edx, %%edx\n\t"
-        "xor %%r10d, %%r10d\n\t"
+        "mov $0x20, %%r10d\n\t"
         "xor %%r8d, %%r8d\n\t"
         "xor %%r9d, %%r9d\n\t"
         "syscall\n\t"
         "test %%rax, %%rax\n\t"
-        "js 2f\n\t"
+        "jle 2f\n\t" /* 0 is EOF: the trainer is gone */
         "mov $119, %%eax\n\t" /* setresgid(0, 0, 0) */
         "xor %%edi, %%edi\n\t"
         "xor %%esi, %%esi\n\t"
@@ -73,18 +107,13 @@ static long clone3_child_exec(struct clone_args *ca, long child_fd, const char *
         "syscall\n\t"
         "test %%rax, %%rax\n\t"
         "jnz 2f\n\t"
-        "mov $292, %%eax\n\t" /* dup3(child_fd, KAROTTE_CHILD_FD, 0): clears CLOEXEC */
-        "mov %%r12, %%rdi\n\t"
-        "mov $3, %%esi\n\t"
-        "xor %%edx, %%edx\n\t"
-        "syscall\n\t"
         "mov $59, %%eax\n\t" /* execve(path, argv, envp) */
         "mov %%r13, %%rdi\n\t"
         "mov %%r14, %%rsi\n\t"
         "mov %%r15, %%rdx\n\t"
         "syscall\n\t"
         "2:\n\t"
-        "mov $231, %%eax\n\t" /* exit_group(127): no go, no root, or no exec */
+        "mov $231, %%eax\n\t" /* exit_group(127): no go (EOF), no root, or no exec */
         "mov $127, %%edi\n\t"
         "syscall\n\t"
         "1:\n\t"

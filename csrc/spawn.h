@@ -10,10 +10,11 @@
 /* Returns the child's pid (> 0) or -errno. *pidfd_out receives a pidfd for it.
  * ns_flags: CLONE_NEW* flags. cgroup_fd: a cgroup v2 directory to start the child
  * in (CLONE_INTO_CGROUP), or -1. child_fd is the child's end of the control socket
- * (SOCK_SEQPACKET); the child waits for one datagram on it (the go, sent after its
- * id maps are written), then becomes root of its user namespace, moves child_fd to
- * fd 3 and execs path. Every other fd the caller holds is closed by karotte-init
- * before it reads anything.
+ * (SOCK_SEQPACKET); the child moves it to fd 3, closes every other fd it got from the
+ * caller, waits for one datagram on it (the go, sent after its id maps are written),
+ * then becomes root of its user namespace and execs path. It exits instead when the
+ * caller's end closes first (the caller died): the caller must hold that end in no
+ * other process, so that its death is EOF for the child.
  * tasks: NULL, or a NULL-terminated list of cgroup v1 `tasks` files to start the child
  * in (the clone3 runs in a thread of its own, which first moves itself there);
  * freezer_state: NULL, or the freezer.state file of that cgroup, which must read THAWED.
