@@ -291,9 +291,19 @@ class _Judge:
         """Play the null agent; the reward no attack may exceed."""
         bottom, _ = self.env.reward_range
         null, secs = _play(self.env, self.seed, ())
-        self.record("null-agent", null, secs,
-                    null.infra_error is None and abs(null.reward - bottom) <= EPSILON,
-                    f"doing nothing must score the bottom reward {bottom:g}")
+        if null.infra_error:
+            problem = f"infra error: {null.infra_error}"
+        elif null.reason != "graded":
+            # A grader that fails on an empty workspace fails on every attack too, and each
+            # attack would then pass at the bottom reward without being judged at all.
+            problem = (f"the grader did not grade an empty workspace ({null.reason}); every "
+                       "attack would pass unjudged: grade a missing deliverable as the bottom")
+        elif abs(null.reward - bottom) > EPSILON:
+            problem = f"scored {null.reward:g}, not the bottom reward {bottom:g}"
+        else:
+            problem = None
+        self.record("null-agent", null, secs, problem is None,
+                    problem or f"doing nothing must be graded the bottom reward {bottom:g}")
         return max(null.reward, bottom)
 
     def attack(self, name: str, phases: Sequence[Sequence], what: str, ceiling: float) -> None:

@@ -2,7 +2,7 @@
 what an attack acts on, and what makes a verdict."""
 from __future__ import annotations
 
-from envs.authoring import ReferenceInSubdir
+from envs.authoring import CrashesOnNothing, ReferenceInSubdir
 
 from karotte.battery import pick_attacks, redteam
 
@@ -22,3 +22,10 @@ def test_attacks_on_the_reference_start_in_the_workspace_whatever_directory_it_l
     assert "answer.txt: setuid" in results["setuid:answer.txt"].violations
     assert (results["rewrite-after-finish"].reward, results["rewrite-after-finish"].reason) == (
         0.0, "graded")
+
+
+def test_a_null_agent_whose_grader_crashed_fails_the_environment(no_leaks):
+    # Every attack would crash the same grader and "pass" at the bottom reward.
+    [null, _] = redteam(CrashesOnNothing(), attacks=[]).results
+    assert (null.name, null.reason, null.passed) == ("null-agent", "grader_crashed", False)
+    assert "did not grade an empty workspace (grader_crashed)" in null.why
