@@ -2,9 +2,9 @@
 what an attack acts on, and what makes a verdict."""
 from __future__ import annotations
 
-from envs.authoring import CrashesOnNothing, ReferenceInSubdir
+from envs.authoring import CrashesOnNothing, ReferenceInSubdir, TrustsExitStatus
 
-from karotte.battery import pick_attacks, redteam
+from karotte.battery import attacks_for, pick_attacks, redteam
 
 
 def verdicts(env, names):
@@ -29,3 +29,18 @@ def test_a_null_agent_whose_grader_crashed_fails_the_environment(no_leaks):
     [null, _] = redteam(CrashesOnNothing(), attacks=[]).results
     assert (null.name, null.reason, null.passed) == ("null-agent", "grader_crashed", False)
     assert "did not grade an empty workspace (grader_crashed)" in null.why
+
+
+def test_the_files_inside_a_directory_deliverable_are_attacked_and_a_hole_in_one_is_found(
+        no_leaks):
+    # pkg/ is a package the reference writes; os._exit(0) in one of its modules passes a
+    # grader that trusts exit 0. Attacked only as a whole, the package never showed it.
+    env = TrustsExitStatus()
+    names = {a.name for a in attacks_for(env, 1)}
+    assert {"exit0:pkg/__init__.py", "exit0:pkg/double.py", "empty:pkg/double.py",
+            "symlink-hidden:pkg/__init__.py", "fifo:pkg/__init__.py"} <= names
+    results = verdicts(env, ["exit0:pkg/double.py", "symlink-hidden:pkg/__init__.py"])
+    hole = results["exit0:pkg/double.py"]
+    assert not hole.passed and "more than the null agent" in hole.why
+    held = results["symlink-hidden:pkg/__init__.py"]
+    assert held.passed and held.violations == ("pkg/__init__.py: symlink",)

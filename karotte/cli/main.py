@@ -236,8 +236,10 @@ def cmd_redteam(args: argparse.Namespace) -> int:
     if env is None:
         return EXIT_USAGE
     if args.list:
-        for attack in attacks_for(env, args.seed):
-            print(f"{attack.name:<28} {attack.what}")
+        battery = attacks_for(env, args.seed)
+        width = max(len(a.name) for a in battery)
+        for attack in battery:
+            print(f"{attack.name:<{width}}  {attack.what}")
         return 0
     agents = []
     for path in args.agent or ():
