@@ -49,6 +49,18 @@ class CheckResult:
     why: str  # what the verdict rests on
     seconds: float
     violations: tuple[str, ...] = ()
+    ceiling: float | None = None  # the most an attack may score: the null agent's, or its own
+
+
+@dataclass(frozen=True)
+class ScriptedAgent:
+    """An agent of your own for redteam(): its steps (as _play takes them), and the most
+    it may score. None is the null agent's reward, for a pure cheat; an agent that does
+    part of the task honestly states its partial credit, so that it is not a FAIL."""
+
+    name: str
+    steps: tuple
+    ceiling: float | None = None
 
 
 @dataclass(frozen=True)
@@ -345,10 +357,10 @@ class _Judge:
         self.canaries = _canaries()
 
     def record(self, name: str, outcome: Outcome, seconds: float, passed: bool,
-               why: str) -> None:
+               why: str, ceiling: float | None = None) -> None:
         self.results.append(CheckResult(
             name, outcome.reward, outcome.reason, passed, why, seconds,
-            tuple(f"{v.path}: {v.kind}" for v in outcome.violations)))
+            tuple(f"{v.path}: {v.kind}" for v in outcome.violations), ceiling))
         if self.progress:
             self.progress(name)
 
@@ -371,15 +383,17 @@ class _Judge:
                     problem or f"doing nothing must be graded the bottom reward {bottom:g}")
         return max(null.reward, bottom)
 
-    def attack(self, name: str, phases: Sequence[Sequence], what: str, ceiling: float) -> None:
-        """An attack passes (the environment holds) when it scores no more than the null
-        agent, the grader completes, and nothing is left on the host."""
+    def attack(self, name: str, phases: Sequence[Sequence], what: str, ceiling: float,
+               bound: str = "the null agent") -> None:
+        """An attack passes (the environment holds) when it scores no more than the
+        ceiling (the null agent's reward, unless `bound` names another), the grader
+        completes, and nothing is left on the host."""
         outcome, secs = _play(self.env, self.seed, *phases)
         problems = []
         if outcome.infra_error:
             problems.append(f"infra error: {outcome.infra_error}")
         if outcome.reward > ceiling + EPSILON:
-            problems.append(f"scored {outcome.reward:g}, more than the null agent's {ceiling:g}")
+            problems.append(f"scored {outcome.reward:g}, more than {bound}'s {ceiling:g}")
         if secs > BOUND_SECONDS:
             problems.append(f"took {secs:.0f} s")
         left = sorted(set(cgroups.find_created_by()) - cgroups.pooled_paths())
@@ -389,8 +403,8 @@ class _Judge:
         if alive:
             problems.append(f"sandbox processes still alive: {alive[:5]}")
         self.record(name, outcome, secs, not problems,
-                    "; ".join(problems) or f"{what}: no more than the null agent, "
-                    "nothing left running")
+                    "; ".join(problems) or f"{what}: no more than {bound}, "
+                    "nothing left running", ceiling)
 
     def report(self) -> CheckReport:
         changed = [p for p, h in _canaries().items() if self.canaries.get(p) != h]
@@ -443,18 +457,22 @@ def pick_attacks(env: Environment, seed: int, names: Sequence[str] | None) -> li
 
 
 def redteam(env: Environment, *, seed: int = 1, attacks: Sequence[Attack] | None = None,
-            agents: Sequence[tuple[str, Sequence]] = (),
+            agents: Sequence[ScriptedAgent] = (),
             progress: Callable[[str], None] | None = None) -> CheckReport:
     """The null agent, then attacks judged as in check(): `attacks` (from pick_attacks;
-    None: the whole battery) and each scripted agent of `agents` ((name, steps), steps
-    as _play takes them). No reference run: the question is only whether anything
-    scores more than doing nothing, or harms the host."""
+    None: the whole battery) and each of `agents`, against its own ceiling where it
+    states one. No reference run: the question is only whether anything scores more
+    than it may, or harms the host."""
     battery = attacks_for(env, seed) if attacks is None else attacks
     reference = tuple(env.reference_solution(env_seed(env, seed))) if any(a.on_reference for a in battery) else ()
     judge = _Judge(env, seed, progress)
     ceiling = judge.null_agent()
     for attack in battery:
         judge.attack(attack.name, _phases(attack, reference), attack.what, ceiling)
-    for name, steps in agents:
-        judge.attack(name, (steps,), "a scripted agent", ceiling)
+    for agent in agents:
+        if agent.ceiling is None:
+            judge.attack(agent.name, (agent.steps,), "a scripted agent", ceiling)
+        else:
+            judge.attack(agent.name, (agent.steps,), "a scripted agent", agent.ceiling,
+                         "its stated ceiling")
     return judge.report()

@@ -168,3 +168,24 @@ def test_redteam_plays_your_own_cheating_agents(no_leaks, tmp_path):
         bad.write_text(text + "\n")
         r = karotte("redteam", "envs.basic:Addition", "--agent", str(bad))
         assert r.returncode == 2 and why in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_redteam_judges_an_agent_given_with_a_ceiling_against_that_ceiling(no_leaks, tmp_path):
+    # Right on two of Doubler's three hidden inputs: honest partial credit, 2/3.
+    partial = tmp_path / "positives-only.txt"
+    partial.write_text("printf 'print(abs(2 * int(input())))\\n' > solution.py\n")
+    name = f"agent:{partial}"
+
+    def row(*agent):
+        r = karotte("redteam", "envs.basic:Doubler", "--attack", "fake-passed", *agent, "--json")
+        return r.returncode, {x["name"]: x for x in json.loads(r.stdout)["results"]}[name]
+
+    code, judged = row("--agent", f"{partial}:0.7")
+    assert code == 0 and judged["passed"], judged
+    assert judged["reward"] == pytest.approx(2 / 3) and judged["ceiling"] == 0.7
+    code, judged = row("--agent", str(partial))
+    assert code == 1 and "more than the null agent's 0" in judged["why"]
+    for bad, why in ((f"{partial}:1.5", "outside the reward range [0, 1]"),
+                     (f"{partial}:most", "is not a ceiling")):
+        r = karotte("redteam", "envs.basic:Doubler", "--agent", bad)
+        assert r.returncode == 2 and why in r.stderr, r.stderr

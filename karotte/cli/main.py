@@ -229,8 +229,26 @@ def _live_progress(enabled: bool):
 # --------------------------------------------------------------------------- redteam
 
 
+def agent_and_ceiling(text: str, reward_range: tuple[float, float]) -> tuple[str, float | None]:
+    """--agent FILE or FILE:MAX -> (FILE, MAX or None). A name that exists as a file is
+    that file, colons and all; MAX must lie in the environment's reward range."""
+    path, sep, tail = text.rpartition(":")
+    if os.path.exists(text) or not sep:
+        return text, None
+    try:
+        ceiling = float(tail)
+    except ValueError:
+        raise ValueError(f"--agent {text}: no such file, and {tail!r} is not a ceiling "
+                         "(FILE or FILE:MAX, MAX a number)") from None
+    bottom, top = reward_range
+    if not bottom <= ceiling <= top:
+        raise ValueError(f"--agent {text}: the ceiling {ceiling:g} is outside the reward "
+                         f"range [{bottom:g}, {top:g}]")
+    return path, ceiling
+
+
 def cmd_redteam(args: argparse.Namespace) -> int:
-    from ..battery import attacks_for, pick_attacks, redteam
+    from ..battery import ScriptedAgent, attacks_for, pick_attacks, redteam
 
     env = _load_env(args.env, "redteam")
     if env is None:
@@ -242,15 +260,16 @@ def cmd_redteam(args: argparse.Namespace) -> int:
             print(f"{attack.name:<{width}}  {attack.what}")
         return 0
     agents = []
-    for path in args.agent or ():
+    for text in args.agent or ():
         try:
+            path, ceiling = agent_and_ceiling(text, env.reward_range)
             calls = parse_agent(Path(path).read_text(), path)
         except (OSError, ValueError) as exc:
             print(f"karotte redteam: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        steps = [c.arguments["command"] if c.tool == "bash" else (c.tool, c.arguments)
-                 for c in calls]
-        agents.append((f"agent:{path}", steps))
+        steps = tuple(c.arguments["command"] if c.tool == "bash" else (c.tool, c.arguments)
+                      for c in calls)
+        agents.append(ScriptedAgent(f"agent:{path}", steps, ceiling))
     try:
         attacks = pick_attacks(env, args.seed, args.attack)  # before anything runs
     except ValueError as exc:
@@ -334,15 +353,18 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Plays the null agent, then each attack of the battery "
                                    "(or those named with --attack) and each scripted agent "
                                    "given with --agent. An attack fails the environment when "
-                                   "it scores more than the null agent, the grader does not "
-                                   "complete, or it leaves anything on the host. Exit status "
+                                   "it scores more than the null agent (an agent given as "
+                                   "FILE:MAX: more than MAX), the grader does not complete, "
+                                   "or it leaves anything on the host. Exit status "
                                    "1 if any attack succeeds, 2 for bad usage.")
     p.add_argument("env", help="module or module:Name of an Environment")
     p.add_argument("--attack", action="append", metavar="NAME",
                    help="only this attack of the battery (repeatable; see --list)")
-    p.add_argument("--agent", action="append", metavar="FILE",
+    p.add_argument("--agent", action="append", metavar="FILE[:MAX]",
                    help="also play this scripted agent as an attack (repeatable): bash "
-                        "commands, one per line, or JSON Lines of tool calls")
+                        "commands, one per line, or JSON Lines of tool calls. It fails the "
+                        "environment when it scores more than the null agent, or more "
+                        "than MAX if given: the partial credit that its honest part earns")
     p.add_argument("--list", action="store_true", help="list the battery's attacks and exit")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="machine-readable report")
