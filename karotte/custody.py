@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 from .errors import KarotteError
 from .grading import private_dir
-from .scan import ScanLimits, ScanResult, Violation, scan_and_copy
+from .scan import ScanLimits, ScanResult, Violation, relation, scan_and_copy
 
 
 @dataclass(frozen=True)
@@ -32,15 +32,20 @@ class Custody:
     def violations(self) -> tuple[Violation, ...]:
         return self.scan.violations if self.scan else ()
 
+    @property
+    def violations_dropped(self) -> int:
+        return self.scan.violations_dropped if self.scan else 0
+
     def discard(self) -> None:
         if self.submission:
             shutil.rmtree(self.submission, ignore_errors=True)
 
 
-def take_custody(kill_all: Callable[[], None], workspace_fd: int,
-                 limits: ScanLimits) -> Custody:
+def take_custody(kill_all: Callable[[], None], workspace_fd: int, limits: ScanLimits,
+                 deliverables: Sequence[str] = ()) -> Custody:
     """Kill (kill_all must confirm the sandbox empty or raise), then scan and copy the
-    workspace from its directory fd."""
+    workspace from its directory fd. The scan holds every violation that
+    deliverable_violations needs to see (docs/scan.md), however many others there are."""
     t0 = time.monotonic()
     try:
         kill_all()
@@ -49,7 +54,7 @@ def take_custody(kill_all: Callable[[], None], workspace_fd: int,
     t1 = time.monotonic()
     dest = private_dir("submission")
     try:
-        result = scan_and_copy(workspace_fd, dest, limits)
+        result = scan_and_copy(workspace_fd, dest, limits, deliverables=deliverables)
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
@@ -59,11 +64,5 @@ def take_custody(kill_all: Callable[[], None], workspace_fd: int,
 def deliverable_violations(violations: Sequence[Violation],
                            deliverables: Sequence[str]) -> tuple[Violation, ...]:
     """Violations at a declared deliverable, inside it, or on the way to it."""
-    hits = []
-    for v in violations:
-        for d in deliverables:
-            d = d.strip("/")
-            if v.path == d or v.path.startswith(d + "/") or d.startswith(v.path + "/"):
-                hits.append(v)
-                break
-    return tuple(hits)
+    wanted = [d.strip("/") for d in deliverables]
+    return tuple(v for v in violations if any(relation(v.path, d) for d in wanted))

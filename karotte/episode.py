@@ -220,7 +220,8 @@ class _Flow:
                close: Callable[[], None]) -> Outcome:
         """Custody, then grading; blocking (the async face runs it in a worker thread)."""
         try:
-            custody = take_custody(kill_all, workspace_fd, self.scan_limits)
+            custody = take_custody(kill_all, workspace_fd, self.scan_limits,
+                                   self.env.deliverables)
         except (KarotteError, OSError) as exc:
             close()
             return self.outcome(None, "infra_error", infra_error=f"custody failed: {exc}")

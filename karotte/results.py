@@ -5,6 +5,7 @@ agent's program, so this module must import nothing that needs the native layer.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 
@@ -30,3 +31,28 @@ class ExecResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
+
+
+def json_size(text: str) -> int:
+    """Bytes of text's JSON form, as json.dumps writes it (ASCII, quotes included)."""
+    return len(json.dumps(text))
+
+
+def capped(text: str, limit: int) -> str:
+    """text, or its head and a note of how long it was, such that the JSON form of the
+    result is at most `limit` bytes. Records keep agent-made text (paths, commands, logs)
+    through this, so that their size never depends on what the agent wrote
+    (REC-BOUND-01). Measured as JSON because that is where text grows: a byte that is not
+    printable ASCII takes up to six."""
+    if len(text) * 12 + 2 <= limit or json_size(text) <= limit:  # 12: an astral character
+        return text
+    note = f"[karotte: cut, {len(text)} characters in all]"
+    room = limit - json_size(note)
+    lo, hi = 0, min(len(text), room)
+    while lo < hi:  # the longest head that fits: JSON size grows with the head
+        mid = (lo + hi + 1) // 2
+        if json_size(text[:mid]) - 2 <= room:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo] + note

@@ -22,6 +22,11 @@ Why it is safe, step by step:
   answer right only while checked (PERF-HOLLOW-01).
 - The walk is iterative and every budget is checked as it goes: depth, entries,
   file size, total size, name length, path bytes and wall time (D4).
+- The result is bounded whatever the agent made (REC-BOUND-01): it holds every
+  violation at a deliverable or on the way to one, the first VIOLATIONS_KEPT inside
+  deliverable directories and the first VIOLATIONS_KEPT elsewhere, and counts the rest;
+  a path it reports is cut to PATH_TEXT_LIMIT bytes of JSON. A violation it only counts
+  costs no more than the lstat that found it.
 """
 from __future__ import annotations
 
@@ -31,13 +36,15 @@ import re
 import stat
 import time
 from dataclasses import dataclass
+from typing import AnyStr, Sequence
 
 from .errors import KarotteError
+from .results import capped
 from .spec import KiB, MiB, ScanLimits
 
 __all__ = [
     "ScanError", "ScanLimits", "Violation", "ScannedFile", "ScanResult", "VIOLATION_KINDS",
-    "COPY_TIME", "scan_and_copy", "escape",
+    "COPY_TIME", "VIOLATIONS_KEPT", "PATH_TEXT_LIMIT", "scan_and_copy", "escape", "relation",
 ]
 
 # atime and mtime of everything in the copy: 2000-01-01T00:00:00Z. Not 0, so that a
@@ -46,6 +53,11 @@ COPY_TIME = 946_684_800
 _COPY_TIMES_NS = (COPY_TIME * 1_000_000_000, COPY_TIME * 1_000_000_000)
 SPARSE_MIN_SIZE = 64 * KiB  # smaller files are never called sparse: their holes cost little
 _CHUNK = 1 * MiB
+# REC-BOUND-01: what the result holds of the violations, whatever the agent made. A
+# deliverable's path is at most 255 bytes (Environment's check), three times that in JSON,
+# so a cut path still starts with it and custody still sees where it is.
+VIOLATIONS_KEPT = 100  # inside deliverable directories, and again elsewhere
+PATH_TEXT_LIMIT = 1024  # bytes of a reported path's JSON form
 
 # Agent inodes: never follow a link, never block, never leak into a child.
 _SRC_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -111,9 +123,24 @@ class ScannedFile:
 class ScanResult:
     files: tuple[ScannedFile, ...]  # accepted regular files, in walk order
     dirs: tuple[str, ...]  # accepted directories (escaped), in walk order
+    # in walk order: every one at a deliverable or on the way to one, and the first
+    # VIOLATIONS_KEPT inside deliverable directories and elsewhere
     violations: tuple[Violation, ...]
     complete: bool  # False if a budget (depth, entries, size, paths, time) cut the walk short
     seconds: float
+    violations_dropped: int = 0  # found, but over VIOLATIONS_KEPT: counted, not held
+
+
+def relation(path: AnyStr, deliverable: AnyStr) -> str | None:
+    """Where a workspace path lies against a deliverable (both relative, no leading or
+    trailing '/'): "at" the deliverable or on the way to it, "inside" it (a deliverable
+    directory), or None. Escaped text or raw bytes alike."""
+    sep = "/" if isinstance(path, str) else b"/"
+    if path == deliverable or deliverable.startswith(path + sep):
+        return "at"
+    if path.startswith(deliverable + sep):
+        return "inside"
+    return None
 
 
 _PLAIN = re.compile(rb"[\x20-\x5b\x5d-\x7e]*")  # printable ASCII except the backslash
@@ -131,6 +158,11 @@ def escape(raw: bytes) -> str:
         else:
             out.extend(f"\\x{b:02x}" for b in ch.encode("utf-8", "surrogateescape"))
     return "".join(out)
+
+
+def _reported(raw: bytes) -> str:
+    """How a violation names its path: escaped, cut to PATH_TEXT_LIMIT; "." for the root."""
+    return capped(escape(raw), PATH_TEXT_LIMIT) if raw else "."
 
 
 def _human(n: int) -> str:
@@ -186,12 +218,15 @@ class _Frame:
 
 
 class _Walk:
-    def __init__(self, limits: ScanLimits, start: float):
+    def __init__(self, limits: ScanLimits, start: float, deliverables: Sequence[str]):
         self.limits = limits
         self.deadline = start + limits.max_seconds
+        self.deliverables = tuple(os.fsencode(d.strip("/")) for d in deliverables)
         self.files: list[ScannedFile] = []
         self.dirs: list[str] = []
         self.violations: list[Violation] = []
+        self.kept = {"inside": 0, None: 0}  # violations held, by relation to a deliverable
+        self.dropped = 0
         self.complete = True
         self.entries = 0
         self.total = 0
@@ -209,13 +244,20 @@ class _Walk:
                        "the paths of the entries read so far exceed the budget")
 
     def _violate(self, raw: bytes, kind: str, rule: str, detail: str = "") -> None:
-        path = escape(raw) if raw else "."
+        where = next((r for d in self.deliverables if (r := relation(raw, d))), None)
+        if where != "at":
+            # REC-BOUND-01: a million FIFOs cost a count, not a million records. The first
+            # inside each class is held, so custody never misses a deliverable's.
+            if self.kept[where] == VIOLATIONS_KEPT:
+                self.dropped += 1
+                return
+            self.kept[where] += 1
+        path = _reported(raw)
         self._charge(raw, path)
         self.violations.append(Violation(path, kind, rule, detail))
 
     def _stop(self, raw: bytes, kind: str, budget: str, detail: str) -> None:
-        self.violations.append(Violation(escape(raw) if raw else ".", kind,
-                                         f"D4 budget: {budget}", detail))
+        self.violations.append(Violation(_reported(raw), kind, f"D4 budget: {budget}", detail))
         self.complete = False
         raise _Stop
 
@@ -566,8 +608,13 @@ def _open_dest(dest_dir: str | bytes | os.PathLike, workspace: os.stat_result) -
 
 
 def scan_and_copy(workspace_fd: int, dest_dir: str | bytes | os.PathLike,
-                  limits: ScanLimits = ScanLimits()) -> ScanResult:
+                  limits: ScanLimits = ScanLimits(), *,
+                  deliverables: Sequence[str] = ()) -> ScanResult:
     """Walk the workspace behind workspace_fd and copy what passes into dest_dir.
+
+    deliverables are the paths (relative to the workspace) whose violations decide the
+    score: the result holds every violation at one of them or on the way to one, and the
+    first VIOLATIONS_KEPT inside them, however many others there are.
 
     Call it after the sandbox's processes are all gone (Sandbox.kill_all). dest_dir
     must exist and be empty; on return it holds the accepted files and directories as
@@ -582,7 +629,7 @@ def scan_and_copy(workspace_fd: int, dest_dir: str | bytes | os.PathLike,
     except BaseException:
         os.close(root)
         raise
-    walk = _Walk(limits, start)
+    walk = _Walk(limits, start, deliverables)
     try:
         names = walk.list_dir(root, b"", 0)
     except _Stop:
@@ -593,4 +640,4 @@ def scan_and_copy(workspace_fd: int, dest_dir: str | bytes | os.PathLike,
         raise
     walk.run(_Frame(root, dest, b"", 0, names or []))
     return ScanResult(tuple(walk.files), tuple(walk.dirs), tuple(walk.violations),
-                      walk.complete, time.monotonic() - start)
+                      walk.complete, time.monotonic() - start, walk.dropped)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import json
 import os
 import secrets
 import shutil
@@ -17,6 +18,7 @@ import struct
 import tempfile
 import threading
 import time
+import tracemalloc
 from collections import Counter
 from contextlib import contextmanager
 
@@ -827,6 +829,79 @@ def test_an_entry_the_host_cannot_stat_is_unreadable(no_leaks, dest, monkeypatch
         "unreadable", "D2 fd walk: the host must be able to read the entry",
         "lstat failed: Permission denied")
     assert checked(result, dest) == {b"good.txt": ("file", 0o644, b"b\n")}
+
+
+# --------------------------------------------------------------------------- REC-BOUND-01
+
+
+def fifos(count: int, where: str = ".", prefix: str = "f") -> str:
+    """Agent code that makes `count` FIFOs named prefix00000... in /workspace/where."""
+    return (f"import os\nos.chdir('/workspace')\nos.makedirs({where!r}, exist_ok=True)\n"
+            f"for i in range({count}): os.mkfifo(f'{where}/{prefix}{{i:05d}}')")
+
+
+def test_REC_BOUND_01_the_scan_holds_the_first_100_violations_and_counts_the_rest(
+        no_leaks, dest):
+    with planted(py(fifos(5000))) as sb:
+        result = scan_and_copy(sb.workspace_fd, dest)
+    assert result.complete
+    assert [v.path for v in result.violations] == [f"f{i:05d}" for i in range(100)]
+    assert {v.kind for v in result.violations} == {"fifo"}
+    assert result.violations_dropped == 4900
+    checked(result, dest)
+
+
+def test_REC_BOUND_01_a_violation_at_a_deliverable_is_held_after_any_number_of_others(
+        no_leaks, dest):
+    # The FIFOs sort before the deliverable: walked first, they fill the 100 places.
+    plant = py(fifos(3000, "aaa") + "\nos.makedirs('out')\nos.symlink('/etc/passwd', 'out/answer.txt')")
+    with planted(plant) as sb:
+        result = scan_and_copy(sb.workspace_fd, dest, deliverables=["out/answer.txt"])
+    assert len(result.violations) == 101 and result.violations_dropped == 2900
+    assert result.violations[-1].path == "out/answer.txt"
+    assert result.violations[-1].kind == "symlink"
+
+
+def test_REC_BOUND_01_violations_inside_a_deliverable_directory_keep_places_of_their_own(
+        no_leaks, dest):
+    plant = py(fifos(3000, "aaa") + "\n" + fifos(500, "src", "g").split("\n", 1)[1])
+    with planted(plant) as sb:
+        result = scan_and_copy(sb.workspace_fd, dest, deliverables=["src"])
+    inside = [v.path for v in result.violations if v.path.startswith("src/")]
+    assert inside == [f"src/g{i:05d}" for i in range(100)]
+    assert len(result.violations) == 200 and result.violations_dropped == 3300
+
+
+def test_REC_BOUND_01_a_reported_path_is_cut_to_its_json_limit(no_leaks, dest):
+    # 31 levels of names of 100 two-byte characters: 6 KiB of path, 19 KiB as JSON.
+    plant = py("import os\nos.chdir('/workspace')\nfor _ in range(31):\n"
+               "    os.mkdir('\u00e9' * 100)\n    os.chdir('\u00e9' * 100)\nos.mkfifo('pipe')")
+    with planted(plant) as sb:
+        result = scan_and_copy(sb.workspace_fd, dest)
+    (v,) = result.violations
+    assert v.kind == "fifo"
+    assert len(json.dumps(v.path)) <= scan.PATH_TEXT_LIMIT
+    assert v.path.startswith("\u00e9" * 100 + "/" + "\u00e9" * 50)
+    assert v.path.endswith(f"[karotte: cut, {31 * 101 + 4} characters in all]")
+
+
+def test_REC_BOUND_01_many_rejected_entries_are_a_budget_violation_in_bounded_memory(
+        no_leaks, dest):
+    # 60,000 FIFOs (the sandbox's inodes allow 65,536) against a budget of 20,000 entries:
+    # the walk stops at the budget, and holds 100 violations whatever the count.
+    with planted(py(fifos(60_000))) as sb:
+        tracemalloc.start()
+        try:
+            result = scan_within(30, sb.workspace_fd, dest, ScanLimits(max_entries=20_000))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert not result.complete
+    assert (result.violations[0].path, result.violations[0].kind) == (".", "too-many-entries")
+    assert len(result.violations) == 100 and result.violations_dropped == 20_000 - 99
+    # The names listed (20,000 of 6 bytes) are what the walk holds; 20,000 Violation
+    # records would take about 5 MiB.
+    assert peak < 4 * MiB, f"the scan allocated {peak / MiB:.1f} MiB at its peak"
 
 
 # --------------------------------------------------------------------------- the API
