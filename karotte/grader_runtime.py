@@ -48,8 +48,7 @@ class TimedRun:
     """One run that compare_speed timed, and whether it counts."""
 
     program: str  # "candidate" or "baseline"
-    input: int  # index into compare_speed's inputs
-    repeat: int
+    input: int  # index into compare_speed's inputs: each program ran once on each
     result: ExecResult  # as the host measured it: stdout, exit, wall time
     failure: str | None  # why the run does not count ("wrong output", "exit 1", ...), or None
 
@@ -57,15 +56,15 @@ class TimedRun:
 @dataclass(frozen=True)
 class SpeedComparison:
     """Candidate against baseline, each run in a fresh sandbox, interleaved, timed by the
-    host. Every timed run's output has been checked: a speedup is only worth something
-    when failures is empty."""
+    host, each input run once by each program. Every timed run's output has been
+    checked: a speedup is only worth something when failures is empty."""
 
-    candidate_seconds: float  # median wall time over every input and repeat
+    candidate_seconds: float  # median wall time over every input
     baseline_seconds: float
     speedup: float  # baseline / candidate; inf if the candidate took no measurable time
     runs: tuple[TimedRun, ...]  # every run, candidate and baseline, in the order they ran
     failures: tuple[str, ...]  # one line per run that failed: error exit, signal, timeout,
-    # OOM kill or wrong output ("candidate on input 1, repeat 2: wrong output")
+    # OOM kill or wrong output ("candidate on input 1: wrong output")
 
     @property
     def ok(self) -> bool:
@@ -155,61 +154,71 @@ class GradeContext:
 
     def compare_speed(self, candidate: Sequence[str], baseline: Sequence[str],
                       inputs: Sequence[bytes], *, expected: Sequence[bytes | str] | None = None,
-                      check: Callable[[int, bytes], bool] | None = None, repeats: int = 3,
+                      check: Callable[[int, bytes], bool] | None = None,
                       timeout: float = 30.0, memory: int = 256 * MiB,
                       output_limit: int = 1 * MiB) -> SpeedComparison:
         """Time candidate against baseline fairly, and check the output of every run.
 
-        Every run (each input, each repeat, both programs) is in a fresh sandbox, so no
-        process of a run survives into the next; the two programs are interleaved,
-        alternating who goes first; the speeds are medians of the host's wall clock.
+        Each program runs once on each input, every run in a fresh sandbox, so no process
+        of a run survives into the next; the two programs are interleaved, alternating who
+        goes first; the speeds are medians of the host's wall clock over all inputs.
+
+        No input is run twice by one program. A fresh sandbox ends every process, but not
+        what a run leaves in state the host shares between sandboxes: the page cache of
+        the read-only /usr, for one, which a run can mark by reading pages and a later
+        run can read back by timing reads. A program that saw an input before could
+        answer it from such marks instead of computing (LINK-CACHE-01); one that never
+        saw it has nothing to look up. So the inputs must be distinct: two that are the
+        same, or the same apart from whitespace, are refused with a GraderError. For more
+        timed runs pass more inputs, each drawn on its own, and give a check pass of your
+        own (ctx.run) inputs that no timed run gets.
 
         The medians take every run, so every run's output is checked, not a sample: a
         program that can tell a checked run from a timed one (by the clock, the order of
         runs, anything) would otherwise print a wrong answer fast whenever only its speed
         counts. A run fails if it exits non-zero, is killed, times out, is OOM-killed,
-        writes more than output_limit, or prints a wrong answer, whichever repeat it is.
-        What the right answer is, for the candidate and the baseline alike:
+        writes more than output_limit, or prints a wrong answer. What the right answer
+        is, for the candidate and the baseline alike:
 
         - expected: one stdout per input, compared with whitespace at both ends dropped;
         - check(i, stdout) -> bool: your own test of an output on inputs[i], for answers
           that need a tolerance or have more than one right form;
-        - neither (the default): the baseline is the oracle; every run on inputs[i] must
-          print what the baseline's first run on inputs[i] printed.
+        - neither (the default): the baseline is the oracle; the candidate's run on
+          inputs[i] must print what the baseline's run on inputs[i] printed.
 
         There is no way to time runs whose output is not checked. Score nothing unless
         the result's failures is empty (result.ok).
         """
-        if not inputs or repeats < 1:
-            raise GraderError("compare_speed needs at least one input and one repeat")
+        if not inputs:
+            raise GraderError("compare_speed needs at least one input")
         if expected is not None and check is not None:
             raise GraderError("compare_speed takes expected or check, not both")
+        inputs = [d.encode() if isinstance(d, str) else bytes(d) for d in inputs]
+        _refuse_repeated(inputs)
         if expected is not None:
             if len(expected) != len(inputs):
                 raise GraderError(f"compare_speed got {len(expected)} expected outputs for "
                                   f"{len(inputs)} inputs; pass one per input")
             check = _answers([e.encode() if isinstance(e, str) else bytes(e) for e in expected])
-        done: list[tuple[str, int, int, ExecResult]] = []
-        for rep in range(repeats):
-            for i, data in enumerate(inputs):
-                order = [("candidate", candidate), ("baseline", baseline)]
-                if (rep + i) % 2:
-                    order.reverse()
-                for which, argv in order:
-                    done.append((which, i, rep, self.run(argv, stdin=data, timeout=timeout,
-                                                         memory=memory,
-                                                         output_limit=output_limit)))
-        if check is None:  # the baseline's first run on each input is the oracle
-            check = _answers([r.stdout for which, _, rep, r in done
-                              if which == "baseline" and rep == 0])
-        runs = tuple(TimedRun(which, i, rep, r,
+        done: list[tuple[str, int, ExecResult]] = []
+        for i, data in enumerate(inputs):
+            order = [("candidate", candidate), ("baseline", baseline)]
+            if i % 2:
+                order.reverse()
+            for which, argv in order:
+                done.append((which, i, self.run(argv, stdin=data, timeout=timeout,
+                                                memory=memory, output_limit=output_limit)))
+        if check is None:  # the baseline's run on each input is the oracle
+            oracle = {i: r.stdout for which, i, r in done if which == "baseline"}
+            check = _answers([oracle[i] for i in range(len(inputs))])
+        runs = tuple(TimedRun(which, i, r,
                               _run_failure(r) or (None if check(i, r.stdout) else "wrong output"))
-                     for which, i, rep, r in done)
+                     for which, i, r in done)
         cand = statistics.median(r.result.wall_seconds for r in runs if r.program == "candidate")
         base = statistics.median(r.result.wall_seconds for r in runs if r.program == "baseline")
         return SpeedComparison(cand, base, base / cand if cand > 0 else math.inf, runs,
-                               tuple(f"{r.program} on input {r.input}, repeat {r.repeat}: "
-                                     f"{r.failure}" for r in runs if r.failure))
+                               tuple(f"{r.program} on input {r.input}: {r.failure}"
+                                     for r in runs if r.failure))
 
     def _call(self, request: dict, reply_limit: int) -> dict:
         send_message(self._channel, json.dumps(request).encode())
@@ -220,6 +229,21 @@ class GradeContext:
         if "error" in reply:
             raise GraderError(reply["error"])
         return reply
+
+
+def _refuse_repeated(inputs: Sequence[bytes]) -> None:
+    """GraderError if two inputs are the same, or the same apart from whitespace: a run
+    on the second could answer from what a run on the first left behind (LINK-CACHE-01)."""
+    first: dict[tuple[bytes, ...], int] = {}
+    for i, data in enumerate(inputs):
+        j = first.setdefault(tuple(data.split()), i)
+        if j != i:
+            same = "the same" if data == inputs[j] else "the same apart from whitespace"
+            raise GraderError(
+                f"compare_speed got input {i} {same} as input {j}: each program runs once "
+                "on each input, since a run could answer an input seen before from marks an "
+                "earlier run left in host-shared state (the page cache); draw every input on "
+                "its own, and pass more inputs for more timed runs")
 
 
 def _answers(wanted: Sequence[bytes]) -> Callable[[int, bytes], bool]:

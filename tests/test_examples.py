@@ -10,10 +10,13 @@ import pytest
 from karotte.episode import Episode
 from karotte.examples.fix_tests import FUNCTIONS, FixTests, hidden_cases
 from karotte.examples.q3_revenue import Q3Revenue, orders, revenue, year_of
-from karotte.examples.speedup import BASELINE, MIN_SPEEDUP, SIZES, Speedup, count_inversions
+from karotte.examples.speedup import (BASELINE, KINDS, MIN_SPEEDUP, SIZES, TIMED_PER_KIND,
+                                      Speedup, count_inversions)
 from karotte.results import ExecResult
+from karotte.seeding import env_seed
 
 SEED = 3
+Q3_SEED = env_seed(Q3Revenue(), SEED)  # what the environment sees in the episodes of SEED
 
 
 def play(env, commands, seed=SEED):
@@ -48,9 +51,9 @@ def test_q3_doing_nothing_scores_0(no_leaks):
 
 
 def test_q3_revenue_of_every_status_is_a_wrong_answer_and_scores_0(no_leaks):
-    rows = [r for r in orders(SEED) if "07" <= r["date"][5:7] <= "09"]
+    rows = [r for r in orders(Q3_SEED) if "07" <= r["date"][5:7] <= "09"]
     wrong = sum(int(r["quantity"]) * int(r["unit_price"]) for r in rows)
-    assert wrong != revenue(orders(SEED), year_of(SEED))
+    assert wrong != revenue(orders(Q3_SEED), year_of(Q3_SEED))
     assert graded(play(Q3Revenue(), [write("answer.txt", f"{wrong}\n")]), 0.0)
 
 
@@ -62,14 +65,19 @@ def test_q3_the_data_hold_every_status_on_every_boundary_day():
     assert any("," in r["customer"] for r in rows)
 
 
+def test_q3_the_right_number_as_a_plain_integer_scores_1(no_leaks):
+    right = revenue(orders(Q3_SEED), year_of(Q3_SEED))
+    assert graded(play(Q3Revenue(), [write("answer.txt", f"{right}\n")]), 1.0)
+
+
 @pytest.mark.parametrize("form", ["{}.0", "{}.", "{}e0", "+{}", "{:_}", "NaN", "inf"])
 def test_q3_the_right_number_not_as_a_plain_integer_scores_0(no_leaks, form):
-    right = revenue(orders(SEED), year_of(SEED))
+    right = revenue(orders(Q3_SEED), year_of(Q3_SEED))
     assert graded(play(Q3Revenue(), [write("answer.txt", form.format(right))]), 0.0)
 
 
 def test_q3_the_expected_answer_is_out_of_the_agents_reach(no_leaks):
-    right = str(revenue(orders(SEED), year_of(SEED)))
+    right = str(revenue(orders(Q3_SEED), year_of(Q3_SEED)))
     with Episode(Q3Revenue(), seed=SEED) as ep:
         ep.reset()
         r = ep.exec(f"grep -rl {right} /workspace /tmp /home /opt /hidden 2>&1; true")
@@ -140,7 +148,7 @@ def test_speedup_a_workspace_baseline_that_agrees_with_a_wrong_solution_scores_0
     assert graded(outcome, 0.0) and "wrong output" in outcome.details["why"]
 
 
-PHASE_SECONDS = 4.3  # about when, with the baseline's 0.5 s runs, the timed runs begin to repeat
+PHASE_SECONDS = 4.3  # about when, with the baseline's 0.5 s runs, the third timed input begins
 
 
 def test_speedup_a_solution_right_only_while_checked_scores_0(no_leaks):
@@ -155,7 +163,7 @@ def test_speedup_a_solution_right_only_while_checked_scores_0(no_leaks):
     outcome = play(Speedup(), [write("solution.py", two_faced)])
     assert graded(outcome, 0.0), outcome.details
     why = outcome.details["why"]
-    assert "wrong output" in why and "when timed" in why, outcome.details
+    assert why.startswith("wrong output on timed input"), outcome.details
 
 
 def test_speedup_expected_answers_match_the_baseline():
@@ -169,11 +177,14 @@ def test_speedup_expected_answers_match_the_baseline():
 @pytest.mark.parametrize("seed", range(20))
 def test_speedup_hidden_inputs_have_the_stated_sizes_and_fit_the_grading_channel(seed):
     files = Speedup().hidden_files(seed)
-    for i in range(3):
-        data = files[f"inputs/{i}.in"]
+    inputs = [files[f"inputs/check/{i}.in"] for i in range(len(KINDS))] + [
+        files[f"inputs/timed/{i}.in"] for i in range(len(KINDS) * TIMED_PER_KIND)]
+    for data in inputs:
         n = int(data.split()[0])
         assert SIZES[0] <= n <= SIZES[1] and len(data.split()) == n + 1
         assert len(data) < 100_000  # base64 in one request record of at most 256 KiB
+    # LINK-CACHE-01: no input twice, so no run of the solution meets an input it saw before
+    assert len({tuple(data.split()) for data in inputs}) == len(inputs)
 
 
 # --- FixTests ---------------------------------------------------------------------------

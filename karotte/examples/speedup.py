@@ -1,17 +1,21 @@
 """Speedup: make a slow, correct program fast; the reward is the measured speedup.
 
 /workspace/baseline.py counts the inversions of a sequence in quadratic time; the agent
-writes /workspace/solution.py with the same contract, faster. The grader:
+writes /workspace/solution.py with the same contract, faster. Every hidden input is drawn
+on its own, and none is given to solution.py twice. The grader:
 
-1. runs solution.py once on every hidden input, each run in a fresh sandbox nested under
-   the grader's, and checks each output against the expected count computed when the
-   hidden files were made (none of them is ever in the workspace): one wrong output or
-   failed run scores 0;
+1. runs solution.py once on each of the check inputs, each run in a fresh sandbox nested
+   under the grader's, and checks each output against the expected count computed when
+   the hidden files were made (none of them is ever in the workspace): one wrong output
+   or failed run scores 0. This pass only fails a wrong solution early, before the
+   timing; every timed run is checked again;
 2. times solution.py against the pristine baseline from its own hidden files (the
    agent's /workspace/baseline.py is never run: editing it changes nothing) with
-   ctx.compare_speed: fresh sandboxes, interleaved, repeated, timed by the host; every
+   ctx.compare_speed on the timed inputs, which the check pass never ran: fresh
+   sandboxes, interleaved, each program once on each input, timed by the host; every
    timed run, of both programs, must succeed with the expected output (a solution that
-   is right when checked and wrong when timed scores 0);
+   is right when checked and wrong when timed scores 0, and one that answers an input it
+   saw before from what its earlier run left in host-shared state has none to look up);
 3. scores the ratio of the median times, 0 below MIN_SPEEDUP (a copy of the baseline, or
    a solution that just runs it, is not a speedup), capped at MAX_SPEEDUP.
 """
@@ -28,7 +32,8 @@ PYTHON = "/usr/bin/python3"
 SIZES = (6000, 7000)  # n of the hidden inputs: the baseline takes about 0.4-0.6 s on one CPU
 MIN_SPEEDUP = 1.5
 MAX_SPEEDUP = 100.0
-REPEATS = 3
+KINDS = ("random values", "many repeated values", "nearly descending")
+TIMED_PER_KIND = 3  # timed inputs of each kind; the check pass has one of each of its own
 RUN_TIMEOUT = 10.0
 RUN_MEMORY = 256 * MiB
 
@@ -113,17 +118,29 @@ def render(a: list[int]) -> str:
     return f"{len(a)}\n{' '.join(map(str, a))}\n"
 
 
-def hidden_sequences(seed: int) -> list[list[int]]:
-    """Three inputs of the size the prompt states: random values, many duplicates, and a
+def sequence(kind: str, rng: random.Random) -> list[int]:
+    """One input of the size the prompt states: random values, many duplicates, or a
     nearly descending run (most pairs are inversions)."""
-    rng = random.Random(f"speedup:hidden:{seed}")
-    wide = [rng.randint(-10**9, 10**9) for _ in range(rng.randint(*SIZES))]
-    dups = [rng.randint(0, 50) for _ in range(rng.randint(*SIZES))]
-    desc = sorted((rng.randint(-10**6, 10**6) for _ in range(rng.randint(*SIZES))), reverse=True)
-    for _ in range(len(desc) // 20):
-        i, j = rng.randrange(len(desc)), rng.randrange(len(desc))
+    n = rng.randint(*SIZES)
+    if kind == "random values":
+        return [rng.randint(-10**9, 10**9) for _ in range(n)]
+    if kind == "many repeated values":
+        return [rng.randint(0, 50) for _ in range(n)]
+    desc = sorted((rng.randint(-10**6, 10**6) for _ in range(n)), reverse=True)
+    for _ in range(n // 20):
+        i, j = rng.randrange(n), rng.randrange(n)
         desc[i], desc[j] = desc[j], desc[i]
-    return [wide, dups, desc]
+    return desc
+
+
+def hidden_sequences(seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The check pass's inputs (one of each kind) and the timed inputs (TIMED_PER_KIND of
+    each kind, the kinds in turn), each drawn on its own. Their stream is not the visible
+    examples' (another string seeds it): the examples tell nothing of it."""
+    rng = random.Random(f"speedup:hidden:{seed}")
+    checked = [sequence(kind, rng) for kind in KINDS]
+    timed = [sequence(kind, rng) for _ in range(TIMED_PER_KIND) for kind in KINDS]
+    return checked, timed
 
 
 def visible_sequences(seed: int) -> dict[str, list[int]]:
@@ -149,20 +166,24 @@ class Speedup(Environment):
             "/workspace/examples/ holds two inputs (*.in) with their outputs (*.out).\n\n"
             "Write /workspace/solution.py with the same contract that runs faster.\n\n"
             "How you are graded: after you finish, the grader runs your program as "
-            f"`{PYTHON} -I /workspace/solution.py`, with the input on stdin, on 3 hidden "
-            f"inputs with {SIZES[0]} <= n <= {SIZES[1]} and |a[i]| <= 10^9 (one with random "
-            "values, one with many repeated values, one nearly in descending order). Each "
-            "run is in a fresh sandbox with no network, one CPU, "
-            f"{RUN_MEMORY // MiB} MiB of memory and a {RUN_TIMEOUT:g} s time limit, with "
-            "/workspace read-only as its working directory; only the standard library is "
-            "available. First every output must be the right count (whitespace around it is "
-            "ignored): one wrong output, error exit or timeout gives reward 0. Then your "
-            "program and the original baseline (the grader's own copy; editing "
-            f"/workspace/baseline.py changes nothing) are each run {REPEATS} times on each "
-            "input, interleaved, timed by wall clock from outside (interpreter start-up "
-            "included), and the output of every one of these runs is checked again: one "
-            "wrong output or failed run gives reward 0. The reward is "
-            "the baseline's median time divided by your program's median time, the speedup; "
+            f"`{PYTHON} -I /workspace/solution.py`, with the input on stdin, on "
+            f"{len(KINDS) * (1 + TIMED_PER_KIND)} hidden inputs with {SIZES[0]} <= n <= "
+            f"{SIZES[1]} and |a[i]| <= 10^9, each drawn at random on its own: "
+            f"{1 + TIMED_PER_KIND} with random values, {1 + TIMED_PER_KIND} with many "
+            f"repeated values, {1 + TIMED_PER_KIND} nearly in descending order. It runs your "
+            "program once on each input, never twice on one. Each run is in a fresh sandbox "
+            f"with no network, one CPU, {RUN_MEMORY // MiB} MiB of memory and a "
+            f"{RUN_TIMEOUT:g} s time limit, with /workspace read-only as its working "
+            "directory; only the standard library is available. First your program runs on "
+            f"{len(KINDS)} of the inputs (one of each kind) and every output must be the right "
+            "count (whitespace around it is ignored): one wrong output, error exit or timeout "
+            "gives reward 0. Then your program and the original baseline (the grader's own "
+            "copy; editing /workspace/baseline.py changes nothing) each run once on each of "
+            f"the other {len(KINDS) * TIMED_PER_KIND} inputs, interleaved, timed by wall clock "
+            "from outside (interpreter start-up included), and the output of every one of "
+            "these runs is checked too: one wrong output or failed run gives reward 0. The "
+            "reward is the baseline's median time divided by your program's median time, "
+            "the speedup; "
             f"a speedup below {MIN_SPEEDUP:g} gives 0, and the reward is capped at "
             f"{MAX_SPEEDUP:g}.\n\n"
             "If you find that you cannot do the task, you may give up with the give_up tool; "
@@ -176,47 +197,52 @@ class Speedup(Environment):
         return files
 
     def hidden_files(self, seed: int):
-        sequences = hidden_sequences(seed)
-        files = {"baseline.py": BASELINE,
-                 "expected.json": json.dumps([count_inversions(s) for s in sequences])}
-        for i, seq in enumerate(sequences):
-            files[f"inputs/{i}.in"] = render(seq)
+        checked, timed = hidden_sequences(seed)
+        files = {"baseline.py": BASELINE, "expected.json": json.dumps(
+            {"check": [count_inversions(s) for s in checked],
+             "timed": [count_inversions(s) for s in timed]})}
+        for part, sequences in (("check", checked), ("timed", timed)):
+            for i, seq in enumerate(sequences):
+                files[f"inputs/{part}/{i}.in"] = render(seq)
         return files
 
     def grade(self, ctx) -> Grade:
         if not (ctx.submission / "solution.py").is_file():
             return Grade(0.0, {"why": "no solution.py"})
-        expected = [str(e).encode() for e in json.loads((ctx.hidden / "expected.json").read_text())]
-        inputs = [(ctx.hidden / "inputs" / f"{i}.in").read_bytes() for i in range(len(expected))]
+        answers = json.loads((ctx.hidden / "expected.json").read_text())
+        expected = {part: [str(e).encode() for e in answers[part]] for part in answers}
+        inputs = {part: [(ctx.hidden / "inputs" / part / f"{i}.in").read_bytes()
+                         for i in range(len(expected[part]))] for part in expected}
         candidate = [PYTHON, "-I", "/workspace/solution.py"]
         # The pristine baseline from /hidden, as source on the command line: the nested
         # sandbox sees only the submission, and the agent's baseline.py is never run.
         baseline = [PYTHON, "-I", "-c", (ctx.hidden / "baseline.py").read_text()]
-        for i, data in enumerate(inputs):
+        # Fail a wrong solution early, on inputs of its own: a timed run must never get an
+        # input that a run of the same program saw before (LINK-CACHE-01).
+        for i, data in enumerate(inputs["check"]):
             r = ctx.run(candidate, stdin=data, timeout=RUN_TIMEOUT, memory=RUN_MEMORY,
                         output_limit=64 * 1024)
             if r.exit_code != 0 or r.timed_out or r.oom_killed:
-                return Grade(0.0, {"why": f"solution failed on input {i}: exit {r.exit_code}, "
-                                          f"signal {r.signal}, timed out {r.timed_out}, "
-                                          f"oom {r.oom_killed}"})
-            if r.stdout.strip() != expected[i]:
-                return Grade(0.0, {"why": f"wrong output on input {i}"})
+                return Grade(0.0, {"why": f"solution failed on check input {i}: exit "
+                                          f"{r.exit_code}, signal {r.signal}, timed out "
+                                          f"{r.timed_out}, oom {r.oom_killed}"})
+            if r.stdout.strip() != expected["check"][i]:
+                return Grade(0.0, {"why": f"wrong output on check input {i}"})
         # expected=: every timed run of both programs is checked, not only a first round;
         # a solution that answers right while checked and wrong once only its speed
         # counts (it can tell by the clock) scores 0.
-        speed = ctx.compare_speed(candidate, baseline, inputs, expected=expected,
-                                  repeats=REPEATS, timeout=RUN_TIMEOUT, memory=RUN_MEMORY,
-                                  output_limit=64 * 1024)
+        speed = ctx.compare_speed(candidate, baseline, inputs["timed"],
+                                  expected=expected["timed"], timeout=RUN_TIMEOUT,
+                                  memory=RUN_MEMORY, output_limit=64 * 1024)
         details = {"solution_seconds": speed.candidate_seconds,
                    "baseline_seconds": speed.baseline_seconds,
                    "speedup": speed.speedup if math.isfinite(speed.speedup) else "inf"}
         failed = next((run for run in speed.runs if run.failure), None)
         if failed is not None:
             if failed.program == "baseline":
-                why = f"the baseline failed on input {failed.input}: {failed.failure}"
+                why = f"the baseline failed on timed input {failed.input}: {failed.failure}"
             else:
-                why = (f"{failed.failure} on input {failed.input} when timed "
-                       f"(repeat {failed.repeat})")
+                why = f"{failed.failure} on timed input {failed.input}"
             return Grade(0.0, dict(details, why=why, failures=list(speed.failures[:5])))
         if speed.speedup < MIN_SPEEDUP:
             return Grade(0.0, dict(details, why=f"speedup below {MIN_SPEEDUP:g}"))

@@ -1,13 +1,14 @@
 """Make it faster: the agent writes fast.py, timed by the host against a slow baseline.
 
 Both programs run through ctx.compare_speed: each run in a fresh nested sandbox (its own
-/tmp, /dev/shm, PID and IPC namespaces; the submission read-only), interleaved and
-repeated, timed by the host's clock around the run. So a patched timer or an LD_PRELOAD
-in the agent's process measures nothing that counts (TIME-PATCH-01, TIME-PRELOAD-01); a
-cache can only be the agent's files, and the inputs are hidden (TIME-CACHE-01); nothing
+/tmp, /dev/shm, PID and IPC namespaces; the submission read-only), interleaved, each
+program once on each of three hidden inputs, timed by the host's clock around the run. So
+a patched timer or an LD_PRELOAD in the agent's process measures nothing that counts
+(TIME-PATCH-01, TIME-PRELOAD-01); a cache can only be the agent's files, and the inputs
+are hidden (TIME-CACHE-01) and never run twice by one program (LINK-CACHE-01); nothing
 of the agent's sandbox, nor of an earlier run, is alive while one runs (TIME-BASELINE-01).
-Every run's output is checked, each repeat, the baseline's too, so fast.py cannot be
-right while it is checked and wrong once only its speed counts (PERF-HOLLOW-01). The
+Every run's output is checked, the baseline's too, so fast.py cannot be right while it
+is checked and wrong once only its speed counts (PERF-HOLLOW-01). The
 baseline's time is checked against a calibrated range, and a speedup beyond what a
 Python process can do is rejected (D8).
 """
@@ -57,8 +58,9 @@ exec(PRIME_COUNT, _fast)
 prime_count = _fast["prime_count"]  # the right answers: the reference solution's own
 
 
-def hidden_input(seed: int) -> int:
-    return random.Random(f"speed-{seed}").randrange(80_000, 120_000)
+def hidden_inputs(seed: int) -> list[int]:
+    """Three distinct n: no program runs one input twice (LINK-CACHE-01)."""
+    return random.Random(f"speed-{seed}").sample(range(80_000, 120_000), 3)
 
 
 class PrimeCount(Environment):
@@ -79,19 +81,20 @@ class PrimeCount(Environment):
         return {"count_primes.py": BASELINE}
 
     def hidden_files(self, seed):
-        n = hidden_input(seed)
-        return {"cases.json": json.dumps({"inputs": [n], "expected": [prime_count(n)]})}
+        inputs = hidden_inputs(seed)
+        return {"cases.json": json.dumps({"inputs": inputs,
+                                          "expected": [prime_count(n) for n in inputs]})}
 
     def grade(self, ctx):
         cases = json.loads((ctx.hidden / "cases.json").read_text())
         if ctx.read_deliverable("fast.py") is None:
             return Grade(0.0, {"verdict": "no_deliverable"})
-        # expected=: every run of both programs, each repeat, must print the right count;
-        # a fast.py that is right in the first repeat and wrong later scores 0 (PERF-HOLLOW-01).
+        # expected=: every run of both programs must print the right count; a fast.py
+        # that is right in its first run and wrong later scores 0 (PERF-HOLLOW-01).
         cmp = ctx.compare_speed([PYTHON, "-I", "/workspace/fast.py"],
                                 [PYTHON, "-I", "-c", BASELINE],
                                 [str(n).encode() for n in cases["inputs"]],
-                                expected=[str(e) for e in cases["expected"]], repeats=3,
+                                expected=[str(e) for e in cases["expected"]],
                                 timeout=10, memory=128 * MiB)
         details = {"speedup": cmp.speedup, "candidate_seconds": cmp.candidate_seconds,
                    "baseline_seconds": cmp.baseline_seconds, "failures": list(cmp.failures)}
