@@ -293,7 +293,9 @@ def same(a, b) -> bool:
 
 
 def hidden_cases(seed: int) -> list[dict]:
-    """CASES_PER_FUNCTION cases per function, each failing on the package as shipped."""
+    """CASES_PER_FUNCTION cases per function, each failing on the package as shipped. The
+    workspace is the same for every seed, so it tells nothing of the seed; the cases come
+    from the seed's stream alone."""
     rng = random.Random(f"fix_tests:{seed}")
     package = shipped()
     cases = []

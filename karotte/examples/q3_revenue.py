@@ -6,6 +6,11 @@ the quarter's boundary days (June 30, July 1, September 30, October 1), refunded
 cancelled and pending orders, and customer names that hold commas inside quotes. The
 expected total is computed when the hidden files are made and exists only in the
 grader's /hidden: it is never in the workspace.
+
+The hidden total is a function of the visible orders, so it tells nothing that reading
+them would not. The year and the orders are drawn from streams of the seed (seeded with
+strings that name them); neither the seed nor a number computed from it is ever shown:
+the seed is the root of every stream (docs/examples.md, "Generators that stay safe").
 """
 from __future__ import annotations
 
@@ -34,7 +39,9 @@ ANSWER_LIMIT = 64
 
 
 def year_of(seed: int) -> int:
-    return 2018 + seed % 7
+    """The year of the orders: a draw of its own stream, not the seed's remainder (which
+    would show a part of the seed in the prompt)."""
+    return random.Random(f"q3_revenue:year:{seed}").randrange(2018, 2025)
 
 
 def is_q3_paid(row: dict, year: int) -> bool:
