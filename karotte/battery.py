@@ -25,6 +25,7 @@ import psutil
 from . import cgroups
 from .environment import Environment
 from .episode import Episode, Outcome
+from .grading import GRADER_FAILURES, log_tail, why_of
 from .seeding import env_seed
 from .tools import call_tool
 
@@ -50,6 +51,8 @@ class CheckResult:
     seconds: float
     violations: tuple[str, ...] = ()
     ceiling: float | None = None  # the most an attack may score: the null agent's, or its own
+    grader_why: str = ""  # the grader's details["why"], escaped, when it gave one
+    grader_log: tuple[str, ...] = ()  # for a grader that failed: its log's tail, escaped
 
 
 @dataclass(frozen=True)
@@ -360,7 +363,9 @@ class _Judge:
                why: str, ceiling: float | None = None) -> None:
         self.results.append(CheckResult(
             name, outcome.reward, outcome.reason, passed, why, seconds,
-            tuple(f"{v.path}: {v.kind}" for v in outcome.violations), ceiling))
+            tuple(f"{v.path}: {v.kind}" for v in outcome.violations), ceiling,
+            why_of(outcome.details),
+            log_tail(outcome.grader_log) if outcome.reason in GRADER_FAILURES else ()))
         if self.progress:
             self.progress(name)
 

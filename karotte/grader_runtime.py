@@ -290,8 +290,17 @@ def main() -> None:
         json.dumps(details)  # must be plain data; raises otherwise
         _finish(channel, {"op": "done", "reward": float(reward), "details": details})
     except BaseException:
-        _finish(channel, {"op": "crashed", "traceback": traceback.format_exc()[-8000:]})
-        raise
+        # Each line cut to its start: an exception's message can quote megabytes of the
+        # agent's output, and the line that names the exception must survive the cut.
+        lines = traceback.format_exc().splitlines(keepends=True)
+        report = "".join(line if len(line) <= 1000 else line[:1000] + "...\n" for line in lines)
+        _finish(channel, {"op": "crashed", "traceback": report[-8000:]})
+        # The host puts this traceback at the end of the grader's log; printed on stderr
+        # as well, it would be there twice. (Were the channel gone, _finish raises, and
+        # the interpreter prints both.)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     # The verdict is sent: skip the interpreter's finalisation (a few ms per episode).
     sys.stdout.flush()
     sys.stderr.flush()

@@ -43,6 +43,10 @@ BOOT = (f"import sys; sys.path[:0] = [{LIB_MOUNT!r}]; "
         "from karotte.grader_runtime import main; main()")
 RUNTIME_MODULES = ("__init__.py", "environment.py", "spec.py", "results.py", "grader_runtime.py")
 GRADER_LOG_LIMIT = 64 * 1024
+GRADER_FAILURES = ("grader_crashed", "grader_timeout", "grader_out_of_memory", "invalid_reward",
+                   "non_finite_reward")  # reasons that say the grader did not finish its job
+TAIL_LINES, TAIL_CHARS = 20, 4096
+WHY_LIMIT = 300  # characters of a grader's details["why"] that a report shows
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,36 @@ def write_files(directory: str, files: Mapping[str, bytes | str]) -> None:
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             os.chown(os.path.join(dirpath, name), *sandbox_owner())
+
+
+def escape(text: str) -> str:
+    """text with every control, format and separator character written as an escape
+    (\\x1b, \\u202e): what the agent's programs printed cannot move a terminal's cursor,
+    recolour it, reorder a line, or end one. Newlines too: call it on one line at a time."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def log_tail(log: str, lines: int = TAIL_LINES, limit: int = TAIL_CHARS) -> tuple[str, ...]:
+    """The last `lines` lines of a grader's log, each escaped, at most `limit` characters
+    together (the line at which the limit is reached keeps its start, which names the
+    exception): bounded, and safe to print whatever the agent's program wrote into the
+    grader's stderr."""
+    kept: list[str] = []
+    size = 0
+    for line in reversed(log.rstrip("\n").splitlines()[-lines:]):
+        line = escape(line)
+        if size + len(line) > limit:
+            kept.append(line[:limit - size] + "...")
+            break
+        kept.append(line)
+        size += len(line)
+    return tuple(reversed(kept))
+
+
+def why_of(details: Mapping[str, Any]) -> str:
+    """A grader's details["why"], escaped and capped, or "" when it gave none."""
+    why = details.get("why")
+    return escape(why)[:WHY_LIMIT] if isinstance(why, str) else ""
 
 
 def run_grader(env: Environment, seed: int, submission: str) -> GradeReport:
@@ -235,7 +269,8 @@ def _run_nested(request: dict, parent: cgroups.Cgroup, submission: str,
 
 
 def _report(final: dict | None, grader: ExecResult, runs: int) -> GradeReport:
-    log = (grader.stderr[-GRADER_LOG_LIMIT:] + grader.stdout[-GRADER_LOG_LIMIT:]).decode(
+    # stderr last: an interpreter that dies prints its traceback there, as it ends.
+    log = (grader.stdout[-GRADER_LOG_LIMIT:] + grader.stderr[-GRADER_LOG_LIMIT:]).decode(
         "utf-8", errors="replace")
     if final is None:
         if grader.timed_out:
@@ -245,7 +280,11 @@ def _report(final: dict | None, grader: ExecResult, runs: int) -> GradeReport:
         return GradeReport(None, "grader_crashed", log=log, runs=runs)
     op = final.get("op")
     if op == "crashed":
-        return GradeReport(None, "grader_crashed", log=final.get("traceback", "") + log, runs=runs)
+        # The traceback the grader sent over its channel goes last, so that the tail of the
+        # log is what went wrong, whatever a process of the grader's printed after it.
+        reported = f"[karotte: the grader's traceback, as it reported it]\n{final.get('traceback', '')}"
+        return GradeReport(None, "grader_crashed", log=f"{log}\n{reported}" if log else reported,
+                           runs=runs)
     if op != "done":
         return GradeReport(None, "invalid_reward", {"why": str(final.get("why", op))}, log, runs=runs)
     reward = final.get("reward")

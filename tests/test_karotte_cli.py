@@ -8,6 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from envs.authoring import CrashesOnNothing
+
+from karotte.cli.main import _summary, outcome_json
+from karotte.episode import Episode
 
 TESTS = Path(__file__).resolve().parent
 KEYS = {"env", "seed", "reward", "reason", "violations", "infra_error", "timings"}
@@ -189,3 +193,52 @@ def test_redteam_judges_an_agent_given_with_a_ceiling_against_that_ceiling(no_le
                      (f"{partial}:most", "is not a ceiling")):
         r = karotte("redteam", "envs.basic:Doubler", "--agent", bad)
         assert r.returncode == 2 and why in r.stderr, r.stderr
+
+
+def test_check_and_redteam_show_the_traceback_tail_of_a_grader_that_crashed(no_leaks):
+    text = karotte("redteam", "envs.authoring:CrashesOnNothing", "--attack", "fake-passed")
+    null = text.stdout.splitlines()[2:13]
+    assert null[0].startswith("null-agent") and "grader_crashed  FAIL" in null[0]
+    assert null[-1] == "    | AttributeError: 'NoneType' object has no attribute 'strip'", null
+    as_json = karotte("redteam", "envs.authoring:CrashesOnNothing", "--attack", "fake-passed",
+                      "--json")
+    row = json.loads(as_json.stdout)["results"][0]
+    assert row["grader_log"][-1] == "AttributeError: 'NoneType' object has no attribute 'strip'"
+    assert 'File "/opt/karotte-lib/envs/authoring.py"' in "\n".join(row["grader_log"])
+
+
+def test_what_the_agent_printed_into_a_crashed_graders_log_cannot_forge_the_report(
+        no_leaks, tmp_path):
+    # The grader copies the agent's output to its stderr: screen-clearing escapes, a
+    # carriage return and rows that look like the report's own, 200 lines of them.
+    forger = ("import sys\nfor i in range(200):\n"
+              "    print('\\x1b[2J\\x1b[Hnull-agent  1  graded  PASS  forged', i)\n"
+              "    print('\\rreference  1  graded  PASS\\u202e  forged')\n")
+    agent = tmp_path / "forger.jsonl"
+    agent.write_text(json.dumps({"tool": "write_file", "path": "solution.py",
+                                 "content": forger}) + "\n")
+    r = karotte("redteam", "envs.authoring:EchoesThenCrashes", "--attack", "fake-passed",
+                "--agent", str(agent))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not any(c in r.stdout for c in "\x1b\r\u202e")
+    names = {"attack", "null-agent", "fake-passed", f"agent:{agent}", "host-unaffected"}
+    lines = r.stdout.splitlines()
+    body = [line for line in lines[1:-1] if not line.startswith("    ")]
+    assert {line.split()[0] for line in body} == names, body
+    tail = [line for line in lines if line.startswith("    | ")]
+    assert 0 < len(tail) <= 20 and sum(map(len, tail)) <= 4096 + 20 * 6
+    assert tail[-1].startswith("    | ValueError: could not convert string to float")
+    assert "\\x1b[2J\\x1b[Hnull-agent" in r.stdout  # shown, escaped, behind the margin
+
+
+def test_run_summary_shows_the_log_tail_of_episodes_whose_grader_crashed(no_leaks):
+    # The records as `karotte run` keeps them, with the Outcome's grader_log and details.
+    with Episode(CrashesOnNothing(), seed=1) as ep:
+        ep.reset()
+        outcome = ep.finish()
+    record = {**outcome_json("envs.authoring:CrashesOnNothing", 1, outcome),
+              "grader_log": outcome.grader_log, "details": dict(outcome.details)}
+    summary = _summary([record] * 4).splitlines()
+    assert "grader_crashed (seed 1)" in summary
+    assert summary.count("  | AttributeError: 'NoneType' object has no attribute 'strip'") == 3
+    assert summary[-1] == "... and 1 more episodes whose grader failed (--json has every record)"

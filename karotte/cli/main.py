@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 EXIT_INFRA = 1
 EXIT_USAGE = 2
+SHOWN_GRADER_FAILURES = 3  # episodes whose grader failed that a summary shows the log of
 
 
 def _load_env(target: str, command: str):
@@ -171,6 +172,8 @@ def _progress(done: int, total: int) -> None:
 
 
 def _summary(records: list[dict]) -> str:
+    from ..grading import GRADER_FAILURES, log_tail, why_of
+
     rewards = [r["reward"] for r in records if r["reward"] is not None and not r["infra_error"]]
     reasons: dict[str, int] = {}
     for r in records:
@@ -192,6 +195,14 @@ def _summary(records: list[dict]) -> str:
     for r in records:
         if r["infra_error"]:
             lines.append(f"infra error (seed {r['seed']}): {r['infra_error']}")
+    failed = [r for r in records if r["reason"] in GRADER_FAILURES]
+    for r in failed[:SHOWN_GRADER_FAILURES]:
+        lines.append(f"{r['reason']} (seed {r['seed']})")
+        lines += grader_said(why_of(r.get("details") or {}), log_tail(r.get("grader_log") or ""),
+                             "  ")
+    if len(failed) > SHOWN_GRADER_FAILURES:
+        lines.append(f"... and {len(failed) - SHOWN_GRADER_FAILURES} more episodes whose grader "
+                     "failed (--json has every record)")
     return "\n".join(lines)
 
 
@@ -285,16 +296,33 @@ def cmd_redteam(args: argparse.Namespace) -> int:
     return _report(report, args.json, "karotte redteam")
 
 
+def grader_said(why: str, tail: Sequence[str], indent: str = "    ") -> list[str]:
+    """Lines under a result: the grader's own why, and the tail of its log, each line
+    behind a '| ' margin, so that nothing the agent's program printed into the grader's
+    stderr can pass for a line of the report (the text comes escaped: log_tail)."""
+    lines = [f"{indent}grader's why: {why}"] if why else []
+    if tail:
+        lines.append(f"{indent}grader log, last {len(tail)} lines (its stdout and stderr, which "
+                     "can hold what the agent's program printed; control characters escaped):")
+        lines += [f"{indent}| {line}" for line in tail]
+    return lines
+
+
 def render_check(report, title: str = "karotte check") -> str:
+    from ..grading import escape
+
     rows = [("attack", "reward", "reason", "verdict")]
     for r in report.results:
         reward = "" if r.reward is None else f"{r.reward:.4g}"
-        rows.append((r.name, reward, r.reason, ("PASS" if r.passed else "FAIL") + "  " + r.why))
+        rows.append((escape(r.name), reward, r.reason,
+                     ("PASS" if r.passed else "FAIL") + "  " + escape(r.why)))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = [f"{title} {report.env}"]
-    for row in rows:
+    for row, r in zip(rows, (None, *report.results)):
         lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:3]))
                      + "  " + row[3])
+        if r is not None and (r.grader_log or not r.passed):
+            lines += grader_said(r.grader_why, r.grader_log)
     failed = sum(1 for r in report.results if not r.passed)
     lines.append(f"{len(report.results) - failed} passed, {failed} failed "
                  f"({report.seconds:.0f} s)")

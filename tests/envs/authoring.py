@@ -1,8 +1,10 @@
 """Environments for the authoring tools (`karotte check`, `karotte redteam`): each shows a
 case the battery must judge right."""
+import sys
+
 from karotte.environment import Grade
 
-from .basic import Addition
+from .basic import Addition, Doubler
 
 
 class ReferenceInSubdir(Addition):
@@ -36,3 +38,15 @@ class TrustsExitStatus(Addition):
     def reference_solution(self, seed):
         return ["mkdir -p pkg && touch pkg/__init__.py && "
                 "printf 'def double(x):\\n    return 2 * x\\n' > pkg/double.py"]
+
+
+class EchoesThenCrashes(Doubler):
+    """A careless grader: it copies what the agent's program printed into its own stderr,
+    then takes that output for a number, and crashes on anything else."""
+
+    def grade(self, ctx):
+        if ctx.read_deliverable("solution.py") is None:
+            return Grade(0.0, {"why": "no solution.py"})
+        r = ctx.run(["/usr/bin/python3", "-I", "/workspace/solution.py"], stdin="3\n", timeout=10)
+        sys.stderr.write(r.stdout.decode(errors="replace"))
+        return float(r.stdout)
