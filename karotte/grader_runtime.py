@@ -15,13 +15,15 @@ import base64
 import json
 import math
 import os
+import posixpath
+import re
 import socket
 import statistics
 import sys
 import traceback
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from .results import ExecResult
 
@@ -41,6 +43,83 @@ MiB = 1024 * 1024
 
 class GraderError(Exception):
     """A request of the grader was refused (bad arguments, or the host failed)."""
+
+
+WORKSPACE = "/workspace"  # the submission, read-only, in the sandbox of a run
+RUN_FILES = "/tests"  # where a run's `files` are, read-only
+RUN_FILES_COUNT = 4096  # files in one run
+RUN_FILES_BYTES = 32 * 1024 * 1024  # their contents together
+RUN_PATH_BYTES, RUN_NAME_BYTES, RUN_DEPTH = 4096, 255, 32
+RUN_ENV_BYTES = 64 * 1024  # a run's `env`, names and values together
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Variables that make a program load code from a path or run a command it names: set by
+# a grader to a directory of the submission (PYTHONPATH=/workspace puts the agent's
+# unittest.py or json.py before the standard library, ENV-SHADOW-01; PATH=/workspace/bin
+# its trojan python3, ENV-PATH-01), they hand the grader's own harness to the agent.
+CODE_LOADING_ENV = ("LD_*", "PYTHON*", "PATH", "BASH_ENV", "ENV", "PERL5LIB", "PERL5OPT",
+                    "PERLLIB", "RUBYLIB", "RUBYOPT", "NODE_OPTIONS", "NODE_PATH", "GCONV_PATH")
+# ... except these PYTHON* variables, which load nothing.
+HARMLESS_ENV = ("PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONUNBUFFERED",
+                "PYTHONDONTWRITEBYTECODE")
+
+
+def _loads_code(name: str) -> bool:
+    return name not in HARMLESS_ENV and any(
+        name.startswith(p[:-1]) if p.endswith("*") else name == p for p in CODE_LOADING_ENV)
+
+
+def _check_path(path: Any, what: str, absolute: bool) -> None:
+    """A path in canonical form: no '..', no '.', no empty or over-long component."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise GraderError(f"{what} must be a non-empty string without NUL bytes: {path!r}")
+    raw = path.encode("utf-8", "surrogateescape")
+    parts = path.strip("/").split("/")
+    if (path.startswith("/") != absolute or posixpath.normpath(path) != path
+            or ".." in parts or "." in parts or len(raw) > RUN_PATH_BYTES or len(parts) > RUN_DEPTH
+            or any(len(p.encode("utf-8", "surrogateescape")) > RUN_NAME_BYTES for p in parts)):
+        kind = "an absolute" if absolute else "a relative"
+        raise GraderError(f"{what} must be {kind} path in canonical form, with no '..', at "
+                          f"most {RUN_DEPTH} components of {RUN_NAME_BYTES} bytes: {path!r}")
+
+
+def check_run(files: Mapping[str, bytes], env: Mapping[str, str], cwd: str,
+              allow_env: Collection[str]) -> None:
+    """Refuse what a run must not be given; both the grader and the host check it, so
+    that nothing a grader asks for can write outside the run's own directory or make
+    the host hold unbounded data."""
+    if len(files) > RUN_FILES_COUNT:
+        raise GraderError(f"{len(files)} files for one run; at most {RUN_FILES_COUNT}")
+    size = 0
+    for path, data in files.items():
+        _check_path(path, "a file's path", absolute=False)
+        if not isinstance(data, bytes):
+            raise GraderError(f"the content of {path!r} must be bytes or str")
+        size += len(data)
+    if size > RUN_FILES_BYTES:
+        raise GraderError(f"the files of one run hold {size} bytes; at most {RUN_FILES_BYTES}")
+    for path in files:
+        parent = posixpath.dirname(path)
+        while parent:
+            if parent in files:
+                raise GraderError(f"{parent!r} is a file and a directory of {path!r}")
+            parent = posixpath.dirname(parent)
+    _check_path(cwd, "cwd", absolute=True)
+    size = 0
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise GraderError(f"not an environment variable name: {name!r}")
+        if not isinstance(value, str) or "\0" in value:
+            raise GraderError(f"the value of {name} must be a string without NUL bytes")
+        if _loads_code(name) and name not in allow_env:
+            raise GraderError(
+                f"{name} makes programs load code from where it says: pointed at the "
+                "submission, it runs the agent's files in place of your harness's (a "
+                "json.py, a trojan python3). Add /workspace to sys.path after the standard "
+                f"library inside your harness instead, or pass allow_env=[{name!r}] if "
+                "what you run is the agent's program alone")
+        size += len(name) + len(value.encode("utf-8", "surrogateescape")) + 2
+    if size > RUN_ENV_BYTES:
+        raise GraderError(f"the env of one run is {size} bytes; at most {RUN_ENV_BYTES}")
 
 
 @dataclass(frozen=True)
@@ -139,16 +218,33 @@ class GradeContext:
             raise GraderError(f"{path} is larger than {limit} bytes")
         return data
 
-    def run(self, argv: Sequence[str], *, stdin: bytes | str = b"", timeout: float = 10.0,
+    def run(self, argv: Sequence[str], *, stdin: bytes | str = b"",
+            files: Mapping[str, bytes | str] | None = None, env: Mapping[str, str] | None = None,
+            cwd: str = WORKSPACE, allow_env: Collection[str] = (), timeout: float = 10.0,
             memory: int = 256 * MiB, pids: int = 64, cpus: float = 1.0,
             output_limit: int = 1 * MiB) -> ExecResult:
         """Run the agent's program in a fresh sandbox nested under this grader's cgroup,
-        with the submission read-only at /workspace. Timed and measured by the host."""
+        with the submission read-only at /workspace. Timed and measured by the host.
+
+        files: relative path -> content, placed read-only at /tests (RUN_FILES) in this
+        run's sandbox alone, and gone after it: a hidden test runner, its inputs. The
+        agent's program can read them while it runs, so put no expected value there that
+        it must not see. env: variables added to the sandbox's own (PATH, HOME, ...);
+        those that make a program load code from a path (CODE_LOADING_ENV) are refused
+        unless named in allow_env. cwd: where argv starts (default /workspace).
+        """
         if isinstance(stdin, str):
             stdin = stdin.encode()
+        placed = {path: data.encode() if isinstance(data, str) else bytes(data)
+                  for path, data in (files or {}).items()}
+        env = dict(env or {})
+        check_run(placed, env, cwd, allow_env)
         reply = self._call({"op": "run", "argv": list(argv), "timeout": timeout,
                             "stdin": base64.b64encode(stdin).decode(), "memory": memory,
-                            "pids": pids, "cpus": cpus, "output_limit": output_limit},
+                            "pids": pids, "cpus": cpus, "output_limit": output_limit,
+                            "files": {path: base64.b64encode(data).decode()
+                                      for path, data in placed.items()},
+                            "env": env, "cwd": cwd, "allow_env": sorted(allow_env)},
                            reply_limit=3 * output_limit + REPLY_SLACK)
         return decode_result(reply["result"])
 
@@ -221,7 +317,11 @@ class GradeContext:
                                      for r in runs if r.failure))
 
     def _call(self, request: dict, reply_limit: int) -> dict:
-        send_message(self._channel, json.dumps(request).encode())
+        data = json.dumps(request).encode()
+        if len(data) > REQUEST_LIMIT:
+            raise GraderError(f"the request is {len(data)} bytes, over the channel's "
+                              f"{REQUEST_LIMIT}: send less stdin or fewer files")
+        send_message(self._channel, data)
         try:
             reply = json.loads(recv_message(self._channel, reply_limit))
         except EOFError:

@@ -29,7 +29,8 @@ from typing import Any, Mapping
 from . import cgroups, hostdirs
 from .environment import Environment, target_of
 from .errors import KarotteError
-from .grader_runtime import REQUEST_LIMIT, GraderError, encode_result, recv_message, send_message
+from .grader_runtime import (REQUEST_LIMIT, RUN_FILES, WORKSPACE, GraderError, check_run,
+                             encode_result, recv_message, send_message)
 from .results import ExecResult
 from .sandbox import AGENT_UID, DEFAULT_UID_BASE, Sandbox
 from .spec import Bind, SandboxSpec
@@ -240,7 +241,7 @@ def _serve(channel: socket.socket, parent: cgroups.Cgroup, submission: str,
         runs += 1
         try:
             reply = {"result": encode_result(_run_nested(request, parent, submission, deadline))}
-        except (KarotteError, ValueError, TypeError, KeyError, OSError) as exc:
+        except (KarotteError, GraderError, ValueError, TypeError, KeyError, OSError) as exc:
             reply = {"error": f"run failed: {exc}"}
         try:
             send_message(channel, json.dumps(reply).encode())
@@ -253,19 +254,38 @@ def _run_nested(request: dict, parent: cgroups.Cgroup, submission: str,
     left = deadline - time.monotonic()
     if left <= 0:
         raise ValueError("the grading time is used up")
-    spec = SandboxSpec(memory=int(request["memory"]), pids=int(request["pids"]),
-                       cpus=float(request["cpus"]), timeout=min(float(request["timeout"]), left),
-                       output_limit=int(request["output_limit"]),
-                       binds=(Bind(submission, "/workspace"),))
     argv = [str(a) for a in request["argv"]]
     stdin = base64.b64decode(request["stdin"])
-    with Sandbox(spec, cgroup_parent=parent) as run:
-        start = time.monotonic()
-        result = run.exec(argv, stdin=stdin)
-        # Until the last byte of output, not the command's exit: a program that exits at
-        # once and leaves a background process to finish and print the answer (within the
-        # drain grace) must not get that work timed as free.
-        return replace(result, wall_seconds=max(result.wall_seconds, time.monotonic() - start))
+    files, env = request.get("files", {}), request.get("env", {})
+    allow_env = request.get("allow_env", [])
+    if not (isinstance(files, dict) and isinstance(env, dict) and isinstance(allow_env, list)):
+        raise GraderError("files and env must be objects, allow_env a list")
+    files = {path: base64.b64decode(data) for path, data in files.items()}
+    cwd = request.get("cwd", WORKSPACE)
+    # Again on this side: a grader's request must not write outside its run's directory
+    # or make the host hold more than the bounds, whatever the grader sends.
+    check_run(files, env, cwd, allow_env)
+    binds = (Bind(submission, WORKSPACE),)
+    placed = private_dir("run") if files else None
+    try:
+        if placed:
+            write_files(placed, files)
+            binds += (Bind(placed, RUN_FILES),)
+        spec = SandboxSpec(memory=int(request["memory"]), pids=int(request["pids"]),
+                           cpus=float(request["cpus"]),
+                           timeout=min(float(request["timeout"]), left),
+                           output_limit=int(request["output_limit"]), binds=binds)
+        with Sandbox(spec, cgroup_parent=parent) as run:
+            start = time.monotonic()
+            result = run.exec(argv, stdin=stdin, env=env, cwd=cwd)
+            # Until the last byte of output, not the command's exit: a program that exits
+            # at once and leaves a background process to finish and print the answer
+            # (within the drain grace) must not get that work timed as free.
+            return replace(result, wall_seconds=max(result.wall_seconds,
+                                                    time.monotonic() - start))
+    finally:
+        if placed:
+            shutil.rmtree(placed, ignore_errors=True)
 
 
 def _report(final: dict | None, grader: ExecResult, runs: int) -> GradeReport:
