@@ -319,9 +319,12 @@ static void do_mount(const struct kp_mount *m, const char *src, const char *dst,
         }
         if (stat(source, &st) < 0)
             setup_fail("bind source %s", src);
+        struct stat existing;
         if (S_ISDIR(st.st_mode)) {
             make_dirs(dst, 0755);
-        } else {
+        } else if (stat(target, &existing) < 0) {
+            /* A file's mount point is made only where there is none: one that exists
+             * may be in a read-only mount (/etc/hosts in the sandbox's /etc). */
             make_parent_dirs(dst);
             int fd = open(target, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
             if (fd < 0)
@@ -545,7 +548,7 @@ static void __attribute__((noreturn)) agent_child(char **argv, char **envp, cons
 {
     const char *step;
     sigset_t none;
-    char map[64];
+    char map[64], what[256];
 
     sigemptyset(&none);
     /* init may be exempt from the OOM killer (the host sets it when it can); the
@@ -602,7 +605,9 @@ static void __attribute__((noreturn)) agent_child(char **argv, char **envp, cons
     step = "setresuid";
     if (setresuid(cfg.agent_uid, cfg.agent_uid, cfg.agent_uid) < 0)
         goto fail;
-    step = "chdir";
+    /* The steps that take a path name it: "chdir /x: No such file or directory". */
+    snprintf(what, sizeof(what), "chdir %s", cwd);
+    step = what;
     if (chdir(cwd) < 0)
         goto fail;
     step = "no_new_privs";
@@ -617,10 +622,13 @@ static void __attribute__((noreturn)) agent_child(char **argv, char **envp, cons
     }
     extern char **environ;
     environ = envp;
-    step = "execvp";
     execvp(argv[0], argv);
-    if (errno == ENOEXEC)
-        step = "execvp (not a binary this kernel runs; a script needs a #! line)";
+    int exec_err = errno;
+    snprintf(what, sizeof(what), "execvp %s%s", argv[0],
+             exec_err == ENOEXEC ? " (not a binary this kernel runs; a script needs a #! line)"
+                                 : "");
+    step = what;
+    errno = exec_err;
 fail : {
     int err = errno;
     char rec[256];

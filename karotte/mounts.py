@@ -18,7 +18,7 @@ from importlib import resources
 
 from . import hostdirs
 from . import protocol as p
-from .spec import SandboxSpec
+from .spec import Bind, BindError, SandboxSpec, path_within
 
 WORKSPACE = "/workspace"
 HOME = "/home/agent"
@@ -130,10 +130,37 @@ def add_mount_plan(msg: p.Message, spec: SandboxSpec, agent_uid: int, agent_gid:
     msg.mount(p.M_DIR, "/root", mode=0o700)
 
     for bind in spec.binds:
-        if not os.path.isabs(bind.src) or not os.path.isabs(bind.dst):
-            raise ValueError(f"bind paths must be absolute: {bind.src}:{bind.dst}")
+        _check_bind(bind, spec.hostname)
         if not os.path.exists(bind.src):
             raise FileNotFoundError(f"bind source does not exist: {bind.src}")
-        msg.mount(p.M_BIND, os.path.normpath(bind.dst), os.path.realpath(bind.src),
+        msg.mount(p.M_BIND, bind.dst, os.path.realpath(bind.src),
                   flags=0 if bind.writable else p.MF_RDONLY)
 
+
+def _hidden_by_binds() -> dict[str, str]:
+    """The plan's mount points that a bind onto them (or onto a directory above them)
+    would hide, and what each holds. /workspace is not one: a host directory in its
+    place is what a bind there is for (the grader's nested runs bind the submission)."""
+    hidden = {path: "part of the host's userland (read-only) that every program runs from"
+              for path in default_rootfs().userland}
+    hidden["/etc"] = "the sandbox's own (its generated passwd, group and hosts)"
+    hidden["/tmp"] = "a tmpfs with a size and an inode limit"
+    hidden[HOME] = "the agent's home, a tmpfs with a size limit"
+    return hidden
+
+
+def _check_bind(bind: Bind, hostname: str) -> None:
+    """Refuse a bind that would hide a mount of the plan, or that needs a mount point
+    that cannot be made (below a read-only mount, where it does not exist)."""
+    for point, what in _hidden_by_binds().items():
+        if path_within(point, bind.dst):
+            raise BindError(f"bind {bind.src} -> {bind.dst} would hide {point}, {what}; bind "
+                            f"onto a path of its own, such as /data")
+        if path_within(bind.dst, point):
+            inside = (os.path.join(etc_dir(hostname), os.path.relpath(bind.dst, "/etc"))
+                      if point == "/etc" else bind.dst)
+            if not os.path.lexists(inside):
+                raise BindError(f"bind {bind.src} -> {bind.dst}: {point} is read-only in the "
+                                f"sandbox, so a bind below it needs a mount point that exists "
+                                f"there, and {bind.dst} does not; bind onto a path of its own, "
+                                f"such as /data")

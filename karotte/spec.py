@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -9,15 +10,16 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": KiB, "m": MiB, "g": GiB, "t": 1024 * GiB}
 
 
 def parse_size(text: str | int) -> int:
-    """'1G', '512MiB', '64k', '4096' -> bytes (binary units; a bare number is bytes)."""
+    """'1G', '512MiB', '64k', '4096' -> bytes (binary units; a bare number is bytes).
+
+    A sign is kept ('-5M' -> -5242880): whether a size is allowed is SandboxSpec's to say,
+    in one place, with the same message for the API and the command line."""
     if isinstance(text, int):
-        if text < 0:
-            raise ValueError(f"size must not be negative: {text}")
         return text
     m = _SIZE.match(text)
     if not m:
@@ -25,13 +27,65 @@ def parse_size(text: str | int) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+class SpecError(ValueError):
+    """A value that a SandboxSpec field cannot take. ``field`` names the field and
+    ``requirement`` says what it must be, so a front end (the CLI) can name its own
+    option instead of the Python field."""
+
+    def __init__(self, field: str, requirement: str, value: object):
+        super().__init__(f"SandboxSpec.{field} must be {requirement}, got {value!r}")
+        self.field = field
+        self.requirement = requirement
+        self.value = value
+
+
+class BindError(ValueError):
+    """A bind that the sandbox cannot make as asked; the message names it and the fix."""
+
+
+# Where a bind may never go: the sandbox's kernel filesystems. A bind there would hide
+# what init mounts (and init reads /proc/sys after the mounts), or show the host's.
+KERNEL_DIRS = {
+    "/proc": "is the sandbox's own procfs, of its PID namespace",
+    "/dev": "holds the sandbox's device nodes, its own devpts and /dev/shm",
+    "/sys": "stays out of every sandbox: it shows the host's devices and kernel state",
+}
+
+
+def path_within(path: str, top: str) -> bool:
+    """Whether path is top or below it (both normalised and absolute)."""
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
 @dataclass(frozen=True)
 class Bind:
-    """A host path made visible inside the sandbox; read-only unless writable."""
+    """A host path made visible inside the sandbox; read-only unless writable.
+
+    src and dst are absolute; dst is normalised (no '.', '..', '//' or trailing '/'),
+    not '/', and not in /proc, /dev or /sys. Where dst meets Karotte's own mounts is
+    checked by the mount plan (karotte/mounts.py), which knows them."""
 
     src: str
     dst: str
     writable: bool = False
+
+    def __post_init__(self):
+        for name in ("src", "dst"):
+            path = getattr(self, name)
+            if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+                raise BindError(f"bind {name} must be an absolute path without NUL bytes, "
+                                f"got {path!r}")
+        dst = self.dst
+        if dst == "/":
+            raise BindError(f"bind {self.src} -> /: it would replace the sandbox's whole root; "
+                            f"bind onto a directory of its own, such as /data")
+        if os.path.normpath(dst) != dst or dst.startswith("//"):
+            raise BindError(f"bind destination {dst!r} is not normalised; write it as "
+                            f"{os.path.normpath(dst).replace('//', '/')!r}")
+        for top, what in KERNEL_DIRS.items():
+            if path_within(dst, top):
+                raise BindError(f"bind {self.src} -> {dst}: {top} {what}; bind somewhere "
+                                f"else, such as /data")
 
     @classmethod
     def parse(cls, text: str) -> "Bind":
@@ -43,6 +97,9 @@ class Bind:
         if len(parts) != 2 or mode not in ("ro", "rw") or not parts[0] or not parts[1]:
             raise ValueError(f"bind must be SRC:DST[:ro|rw], got {text!r}")
         return cls(parts[0], parts[1], writable=mode == "rw")
+
+
+_BYTES = ("memory", "disk", "tmp_size", "home_size", "output_limit")
 
 
 @dataclass(frozen=True)
@@ -69,20 +126,41 @@ class SandboxSpec:
         for name in ("memory", "pids", "disk", "inodes", "tmp_size", "home_size", "nofile",
                      "output_limit"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"SandboxSpec.{name} must be a positive integer, got {value!r}")
-        if not (isinstance(self.cpus, (int, float)) and math.isfinite(self.cpus) and self.cpus > 0):
-            raise ValueError(f"SandboxSpec.cpus must be a positive number, got {self.cpus!r}")
-        if not (isinstance(self.timeout, (int, float)) and math.isfinite(self.timeout)
-                and self.timeout > 0):
-            raise ValueError(f"SandboxSpec.timeout must be positive seconds, got {self.timeout!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise SpecError(name, "a positive number of bytes" if name in _BYTES
+                                else "a positive integer", value)
+        for name, what in (("cpus", "a positive number of CPUs"),
+                           ("timeout", "a positive number of seconds")):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                    and math.isfinite(value) and value > 0):
+                raise SpecError(name, what, value)
         if self.network != "none":
-            raise ValueError(f"SandboxSpec.network: only 'none' (loopback only) is supported, "
-                             f"got {self.network!r}")
+            raise SpecError("network", "'none' (loopback only; nothing else is supported)",
+                            self.network)
         if self.memory < 16 * MiB:
-            raise ValueError(f"SandboxSpec.memory: at least 16 MiB is needed, got {self.memory}")
+            raise SpecError("memory", "at least 16 MiB", self.memory)
         if self.pids < 2:
-            raise ValueError("SandboxSpec.pids: at least 2 (init and one command)")
+            raise SpecError("pids", "at least 2 (init and one command)", self.pids)
+        _check_distinct(self.binds)
+
+
+def _check_distinct(binds: tuple[Bind, ...]) -> None:
+    """Each bind needs a destination of its own: two onto one path would leave only the
+    last, and one inside another depends on their order and creates its mount point in
+    the other's host directory."""
+    if not isinstance(binds, tuple) or not all(isinstance(b, Bind) for b in binds):
+        raise SpecError("binds", "a tuple of Bind", binds)
+    for i, bind in enumerate(binds):
+        for other in binds[:i]:
+            if bind.dst == other.dst:
+                raise BindError(f"two binds onto {bind.dst} ({other.src} and {bind.src}); "
+                                f"give each a destination of its own")
+            if path_within(bind.dst, other.dst) or path_within(other.dst, bind.dst):
+                inner, outer = (bind, other) if path_within(bind.dst, other.dst) else (other, bind)
+                raise BindError(f"bind {inner.src} -> {inner.dst} is inside the bind "
+                                f"{outer.src} -> {outer.dst}; give each a destination of its "
+                                f"own, side by side (such as /data and /more)")
 
 
 MAX_DEPTH_LIMIT = 256  # the walk holds two fds per level (source and copy)
