@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import math
 import os
 import resource
 import secrets
@@ -64,7 +65,19 @@ DEFAULT_ENV = {
     "SHELL": "/bin/bash",
     "LANG": "C.UTF-8",
     "TMPDIR": "/tmp",
+    # The CPUs a command should plan for: the spec's bandwidth, rounded up, which
+    # exec_env() puts here (this is the default spec's 1). nproc, OpenMP and the BLAS
+    # libraries read it; os.cpu_count(), sched_getaffinity and /proc/cpuinfo still show
+    # every CPU of the host, since the limit is bandwidth on all of them, not a few CPUs.
+    "OMP_NUM_THREADS": "1",
 }
+
+
+def exec_env(spec: SandboxSpec, env: Mapping[str, str] | None) -> dict[str, str]:
+    """The environment of a command: DEFAULT_ENV with OMP_NUM_THREADS for the spec's CPUs
+    (never more than the host has), then the caller's env, which may replace any of it."""
+    cpus = min(math.ceil(spec.cpus), len(os.sched_getaffinity(0)))
+    return {**DEFAULT_ENV, "OMP_NUM_THREADS": str(cpus), **(env or {})}
 
 
 @dataclass(frozen=True)
@@ -653,9 +666,7 @@ class _Core:
         argv = [os.fsdecode(a) for a in argv]
         if not argv:
             raise ValueError("exec needs a command")
-        full_env = dict(DEFAULT_ENV)
-        if env:
-            full_env.update(env)
+        full_env = exec_env(self.spec, env)
         if isinstance(stdin, str):
             stdin = stdin.encode()
         timeout = self.spec.timeout if timeout is None else float(timeout)

@@ -87,17 +87,6 @@ class Bind:
                 raise BindError(f"bind {self.src} -> {dst}: {top} {what}; bind somewhere "
                                 f"else, such as /data")
 
-    @classmethod
-    def parse(cls, text: str) -> "Bind":
-        """'SRC:DST[:ro|rw]' as in ``karotte-sandbox exec --bind``."""
-        parts = text.split(":")
-        mode = "ro"
-        if len(parts) == 3:
-            mode = parts.pop()
-        if len(parts) != 2 or mode not in ("ro", "rw") or not parts[0] or not parts[1]:
-            raise ValueError(f"bind must be SRC:DST[:ro|rw], got {text!r}")
-        return cls(parts[0], parts[1], writable=mode == "rw")
-
 
 _BYTES = ("memory", "disk", "tmp_size", "home_size", "output_limit")
 
