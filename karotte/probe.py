@@ -342,6 +342,7 @@ class _Evidence:
     inside: dict | None = None
     inside_error: str | None = None
     agent_host_uid: int | None = None
+    agent_host_gid: int | None = None
     userns_owner: int | None = None  # host uid that owns the sandbox's user namespace
     init_pidfd_errno: int | None = None
     kill_before: int | None = None  # tasks in the cgroup before kill_all()
@@ -516,7 +517,8 @@ def _run_inside(sb, ev: _Evidence) -> None:
         ev.inside_error = f"the probe printed no report: {result.stdout[:200]!r}"
         return
     try:
-        ev.agent_host_uid = os.stat(MARK, dir_fd=sb.workspace_fd, follow_symlinks=False).st_uid
+        st = os.stat(MARK, dir_fd=sb.workspace_fd, follow_symlinks=False)
+        ev.agent_host_uid, ev.agent_host_gid = st.st_uid, st.st_gid
     except OSError as exc:
         ev.inside_error = f"the agent's file /workspace/{MARK} is not visible from the host: {exc}"
 
@@ -701,13 +703,17 @@ class _Judge:
             return self.line("unprivileged-agent-uid", False, how,
                              "files the agent writes belong to host root (uid 0)",
                              f"check KAROTTE_UID_BASE; {_BUG}")
+        gid = self.ev.agent_host_gid
         if host_uid == self.host.euid:
             where = f"uid {host_uid}, the caller's own (see separate-host-uid)"
+            binds = "writable binds (rw) are written as the caller too"
         else:
             where = f"uid {host_uid} ({host_uid:#x}), {_account(host_uid)}"
+            binds = (f"so do files it writes through a writable bind (rw), whose source must "
+                     f"let group {gid} write (chgrp {gid}; chmod g+rwxs)")
         return self.line("unprivileged-agent-uid", True,
                          f"uid and gid {AGENT_UID} inside, no groups; on the host the agent's "
-                         f"files belong to {where}")
+                         f"files belong to {where}, group {gid}; {binds}")
 
     def separate_host_uid(self) -> Protection:
         from .sandbox import AGENT_UID, DEFAULT_UID_BASE
@@ -811,7 +817,8 @@ class _Judge:
         from .mounts import WORKSPACE, default_rootfs
 
         spec = self.ev.spec if self.ev else PROBE_SPEC
-        how = "every writable place is its own tmpfs with size= and nr_inodes="
+        how = ("every writable place of Karotte's is its own tmpfs with size= and nr_inodes=; "
+               "a writable bind (rw) is the host's filesystem, outside it")
         missing = self.untested("disk-quota", how)
         if missing:
             return missing
@@ -832,7 +839,9 @@ class _Judge:
                             f"{_size(spec.disk)} and {spec.inodes}")
         return self.line("disk-quota", not problems,
                          f"{WORKSPACE} tmpfs {_size(ws[0])}, {ws[1]} inodes (statvfs inside); "
-                         f"writable: {', '.join(places)}", "; ".join(problems))
+                         f"writable: {', '.join(places)}; a writable bind (rw) is outside "
+                         f"this quota: only RLIMIT_FSIZE caps each of its files",
+                         "; ".join(problems))
 
     # -- cgroups, read from the host
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
+import sysconfig
 import tempfile
 
 import pytest
@@ -105,3 +107,35 @@ def test_as_root_a_writable_bind_needs_no_mode_777_and_takes_the_agents_own_uid_
     assert not st.st_mode & (stat.S_ISUID | stat.S_ISGID)
     with Sandbox(SandboxSpec(binds=(Bind(host_dir, "/data"),))) as sb:
         assert sb.exec(["cat", "/data/out"]).stdout == b"made\n"  # another sandbox reads it
+
+
+UNPRIVILEGED_RW_BIND = """
+import sys
+from karotte.sandbox import Sandbox
+from karotte.spec import Bind, SandboxSpec
+spec = SandboxSpec(binds=(Bind(sys.argv[1], "/data", writable=True),),
+                   allow_degraded=frozenset({"cgroups"}))
+with Sandbox(spec) as sb:
+    r = sb.exec("id -u; echo made > /data/out")
+    print(r.stdout.decode().strip(), r.exit_code, r.stderr.decode().strip())
+"""
+
+
+@needs_root
+def test_an_unprivileged_callers_writable_bind_is_written_as_the_caller_itself(host_dir):
+    nobody = 65534
+    if not shutil.which("setpriv") or not os.path.exists("/usr/bin/python3"):
+        pytest.skip("needs setpriv (util-linux) and /usr/bin/python3 to run as uid 65534")
+    project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    site = sysconfig.get_paths()["purelib"]
+    os.chown(host_dir, nobody, nobody)
+    os.chmod(host_dir, 0o700)  # the caller's own directory, closed to everyone else
+    r = subprocess.run(["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups",
+                        "/usr/bin/python3", "-c", UNPRIVILEGED_RW_BIND, host_dir],
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{project}:{site}"},
+                       capture_output=True, text=True, timeout=60, cwd="/")
+    if "import" in r.stderr and r.returncode != 0:
+        pytest.skip(f"uid {nobody} cannot import karotte from this checkout: {r.stderr[-200:]}")
+    assert r.returncode == 0 and r.stdout.split() == [str(AGENT_UID), "0"], r.stderr + r.stdout
+    st = os.stat(os.path.join(host_dir, "out"))
+    assert (st.st_uid, st.st_gid) == (nobody, nobody)
