@@ -296,11 +296,12 @@ def test_gc_lists_and_removes_each_leftover_cgroup_on_one_line(no_leaks):
     assert cgroups.find_created_by(host.pid) == []
 
 
-def test_version_is_the_packages(no_leaks):
-    r = run_karotte_sandbox("--version")
-    assert r.returncode == 0
-    assert r.stdout.decode() == f"karotte-sandbox {importlib.metadata.version('karotte')}\n"
+def test_both_clis_print_the_packages_version(no_leaks):
     assert importlib.metadata.version("karotte") == karotte.__version__
+    for cli, name in (("sandbox", "karotte-sandbox"), ("main", "karotte")):
+        r = subprocess.run([sys.executable, "-m", f"karotte.cli.{cli}", "--version"],
+                           capture_output=True, text=True, timeout=60)
+        assert (r.returncode, r.stdout) == (0, f"{name} {karotte.__version__}\n"), r.stderr
 
 
 def test_the_package_says_it_is_typed():

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from .. import __version__
+
 EXIT_INFRA = 1
 EXIT_USAGE = 2
 SHOWN_GRADER_FAILURES = 3  # episodes whose grader failed that a summary shows the log of
@@ -349,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="karotte", description="Create, run and check robust RL environments on "
                                     "kernel-enforced Linux sandboxes.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("create-env", help="write a new environment project with one working task")
