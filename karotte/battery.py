@@ -25,7 +25,8 @@ import psutil
 from . import cgroups
 from .environment import Environment
 from .episode import Episode, Outcome
-from .grading import GRADER_FAILURES, log_tail, why_of
+from .errors import KarotteError
+from .grading import GRADER_FAILURES, PYTHON, log_tail, preflight, why_of
 from .seeding import env_seed
 from .tools import call_tool
 
@@ -369,6 +370,21 @@ class _Judge:
         if self.progress:
             self.progress(name)
 
+    def grader_imports(self) -> bool:
+        """Whether the grader can import the environment at all; when it cannot, every
+        episode is an infra error and nothing else is worth playing."""
+        t = time.monotonic()
+        try:
+            preflight(self.env)
+        except (KarotteError, OSError) as exc:
+            self.results.append(CheckResult("grader-imports", None, "", False, str(exc),
+                                            time.monotonic() - t))
+            return False
+        self.results.append(CheckResult("grader-imports", None, "", True,
+                                        f"the grader imports it under {PYTHON} -I -S",
+                                        time.monotonic() - t))
+        return True
+
     def null_agent(self) -> float:
         """Play the null agent; the reward no attack may exceed."""
         bottom, _ = self.env.reward_range
@@ -431,6 +447,8 @@ def check(env: Environment, *, seed: int = 1,
     bottom, top = env.reward_range
     reference = tuple(env.reference_solution(env_seed(env, seed)))
     judge = _Judge(env, seed, progress)
+    if not judge.grader_imports():
+        return judge.report()
     ref, secs = _play(env, seed, reference)
     if not reference:
         judge.record("reference", ref, secs, False, "the environment has no reference_solution()")
@@ -471,6 +489,8 @@ def redteam(env: Environment, *, seed: int = 1, attacks: Sequence[Attack] | None
     battery = attacks_for(env, seed) if attacks is None else attacks
     reference = tuple(env.reference_solution(env_seed(env, seed))) if any(a.on_reference for a in battery) else ()
     judge = _Judge(env, seed, progress)
+    if not judge.grader_imports():
+        return judge.report()
     ceiling = judge.null_agent()
     for attack in battery:
         judge.attack(attack.name, _phases(attack, reference), attack.what, ceiling)

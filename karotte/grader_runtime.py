@@ -370,6 +370,28 @@ def _finish(channel: socket.socket, message: dict[str, Any]) -> None:
     send_message(channel, json.dumps(message, allow_nan=True).encode())
 
 
+def preflight() -> None:
+    """python3 -I -S -c '...preflight()' TARGET: import the environment as main() does,
+    and print on stdout, as JSON, this Python's version and what failed, if anything:
+    the error, its message and the file and line of the author's code it points at."""
+    import platform
+
+    found: dict[str, Any] = {"python": platform.python_version()}
+    try:
+        from .environment import load
+
+        load(sys.argv[1])
+    except BaseException as exc:
+        found.update(error=type(exc).__name__, message=str(exc))
+        if isinstance(exc, SyntaxError):
+            found.update(message=exc.msg, file=exc.filename, line=exc.lineno)
+        else:
+            frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                      if not f.filename.startswith("<frozen")]
+            found.update(file=frames[-1].filename, line=frames[-1].lineno)
+    print(json.dumps(found))
+
+
 def main() -> None:
     """python3 -I -S -c '...main()' TARGET SEED: grade, and report over fd 3."""
     target, seed = sys.argv[1], int(sys.argv[2])

@@ -42,6 +42,9 @@ PYTHON = "/usr/bin/python3"
 # and only the private library copy on sys.path.
 BOOT = (f"import sys; sys.path[:0] = [{LIB_MOUNT!r}]; "
         "from karotte.grader_runtime import main; main()")
+PREFLIGHT = (f"import sys; sys.path[:0] = [{LIB_MOUNT!r}]; "
+             "from karotte.grader_runtime import preflight; preflight()")
+PREFLIGHT_SECONDS = 60.0  # at most, for importing the environment's module
 RUNTIME_MODULES = ("__init__.py", "environment.py", "spec.py", "results.py", "grader_runtime.py")
 GRADER_LOG_LIMIT = 64 * 1024
 GRADER_FAILURES = ("grader_crashed", "grader_timeout", "grader_out_of_memory", "invalid_reward",
@@ -169,9 +172,67 @@ def why_of(details: Mapping[str, Any]) -> str:
     return escape(why)[:WHY_LIMIT] if isinstance(why, str) else ""
 
 
+class GraderPreflightError(KarotteError):
+    """The grader cannot import the environment: the author's to fix, never the agent's
+    doing, so it is no score (an episode reports it as its infra_error)."""
+
+
+_preflights: dict[str, str | None] = {}  # target -> why its grader cannot import it
+_preflight_lock = threading.Lock()
+
+
+def preflight(env: Environment) -> None:
+    """Import env's module in a sandbox exactly as its grader does (the system Python,
+    -I -S, the private library copy), once per process and environment. Raises
+    GraderPreflightError naming the cause: a module outside the standard library, a
+    construct that Python cannot parse, an error at import; or KarotteError, not
+    remembered, if the sandbox itself failed."""
+    target = target_of(env)
+    with _preflight_lock:
+        if target not in _preflights:
+            _preflights[target] = _import_as_grader(env, target)
+        why = _preflights[target]
+    if why:
+        raise GraderPreflightError(why)
+
+
+def _import_as_grader(env: Environment, target: str) -> str | None:
+    limits = env.grader_limits
+    lib = grader_library(target.split(".", 1)[0].split(":", 1)[0])
+    spec = replace(limits, binds=limits.binds + (Bind(lib, LIB_MOUNT),))
+    with Sandbox(spec) as sandbox:
+        r = sandbox.exec([PYTHON, "-I", "-S", "-B", "-c", PREFLIGHT, target],
+                         timeout=min(limits.timeout, PREFLIGHT_SECONDS))
+    try:
+        found = json.loads(r.stdout)
+    except ValueError:
+        found = None
+    if r.timed_out:
+        return f"the grader cannot import {target}: it took more than {r.wall_seconds:.0f} s"
+    if not isinstance(found, dict) or r.exit_code != 0:
+        tail = " | ".join(log_tail(r.stderr.decode("utf-8", "replace"), 5, 1000))
+        return f"the grader cannot import {target}: {PYTHON} exited {r.exit_code}: {tail}"
+    if "error" not in found:
+        return None
+    where = (f"{found['file'].removeprefix(LIB_MOUNT + '/')}:{found['line']}: "
+             if found.get("file") else "")
+    python = f"{PYTHON} {found.get('python', '')}".strip()
+    why = f"the grader cannot import {target}: {where}{found['error']}: {found['message']}"
+    if found["error"] == "SyntaxError":
+        return (f"{why}. Graders run under {python}, which cannot parse it: write what that "
+                "Python takes, even where the trainer's Python is newer")
+    if found["error"] in ("ModuleNotFoundError", "ImportError"):
+        return (f"{why}. Graders run under {python} -I -S, with the standard library and a "
+                "copy of the environment's own package only: import what only the trainer "
+                "needs inside the methods that run in the trainer")
+    return why
+
+
 def run_grader(env: Environment, seed: int, submission: str) -> GradeReport:
     """Grade the vetted submission directory in a fresh sandbox. Never raises for what
-    the submission does; raises KarotteError only if the host itself fails."""
+    the submission does; raises KarotteError only if the host itself fails, and
+    GraderPreflightError if the grader cannot import the environment (preflight)."""
+    preflight(env)
     target = target_of(env)
     limits = env.grader_limits
     lib = grader_library(target.split(".", 1)[0].split(":", 1)[0])

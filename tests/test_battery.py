@@ -26,7 +26,8 @@ def test_attacks_on_the_reference_start_in_the_workspace_whatever_directory_it_l
 
 def test_a_null_agent_whose_grader_crashed_fails_the_environment(no_leaks):
     # Every attack would crash the same grader and "pass" at the bottom reward.
-    [null, _] = redteam(CrashesOnNothing(), attacks=[]).results
+    [null] = [r for r in redteam(CrashesOnNothing(), attacks=[]).results
+              if r.name == "null-agent"]
     assert (null.name, null.reason, null.passed) == ("null-agent", "grader_crashed", False)
     assert "did not grade an empty workspace (grader_crashed)" in null.why
 

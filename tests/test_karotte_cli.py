@@ -141,7 +141,8 @@ def test_redteam_lists_the_battery_and_runs_only_the_attacks_named(no_leaks):
                 "leak-search", "--attack", "fork-bomb", "--json")
     assert r.returncode == 1, r.stdout + r.stderr
     results = {x["name"]: x for x in json.loads(r.stdout)["results"]}
-    assert set(results) == {"null-agent", "leak-search", "fork-bomb", "host-unaffected"}
+    assert set(results) == {"grader-imports", "null-agent", "leak-search", "fork-bomb",
+                            "host-unaffected"}
     assert not results["leak-search"]["passed"] and "more than the null agent" in \
         results["leak-search"]["why"]
     assert results["fork-bomb"]["passed"] and results["null-agent"]["passed"]
@@ -197,12 +198,14 @@ def test_redteam_judges_an_agent_given_with_a_ceiling_against_that_ceiling(no_le
 
 def test_check_and_redteam_show_the_traceback_tail_of_a_grader_that_crashed(no_leaks):
     text = karotte("redteam", "envs.authoring:CrashesOnNothing", "--attack", "fake-passed")
-    null = text.stdout.splitlines()[2:13]
+    lines = text.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("null-agent"))
+    null = lines[start:start + 11]
     assert null[0].startswith("null-agent") and "grader_crashed  FAIL" in null[0]
     assert null[-1] == "    | AttributeError: 'NoneType' object has no attribute 'strip'", null
     as_json = karotte("redteam", "envs.authoring:CrashesOnNothing", "--attack", "fake-passed",
                       "--json")
-    row = json.loads(as_json.stdout)["results"][0]
+    [row] = [x for x in json.loads(as_json.stdout)["results"] if x["name"] == "null-agent"]
     assert row["grader_log"][-1] == "AttributeError: 'NoneType' object has no attribute 'strip'"
     assert 'File "/opt/karotte-lib/envs/authoring.py"' in "\n".join(row["grader_log"])
 
@@ -221,7 +224,8 @@ def test_what_the_agent_printed_into_a_crashed_graders_log_cannot_forge_the_repo
                 "--agent", str(agent))
     assert r.returncode == 0, r.stdout + r.stderr
     assert not any(c in r.stdout for c in "\x1b\r\u202e")
-    names = {"attack", "null-agent", "fake-passed", f"agent:{agent}", "host-unaffected"}
+    names = {"attack", "grader-imports", "null-agent", "fake-passed", f"agent:{agent}",
+             "host-unaffected"}
     lines = r.stdout.splitlines()
     body = [line for line in lines[1:-1] if not line.startswith("    ")]
     assert {line.split()[0] for line in body} == names, body

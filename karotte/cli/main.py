@@ -194,9 +194,14 @@ def _summary(records: list[dict]) -> str:
     if timed:
         lines.append("median s      " + "  ".join(
             f"{p} {statistics.median(t[p] for t in timed):.3f}" for p in phases))
+    seeds_of: dict[str, list[int]] = {}  # one line per cause: a preflight error is every episode's
     for r in records:
         if r["infra_error"]:
-            lines.append(f"infra error (seed {r['seed']}): {r['infra_error']}")
+            seeds_of.setdefault(r["infra_error"], []).append(r["seed"])
+    for error, seeds in seeds_of.items():
+        shown = ", ".join(map(str, sorted(seeds)[:5])) + (", ..." if len(seeds) > 5 else "")
+        lines.append(f"infra error (seed {shown}; {len(seeds)} episodes): {error}"
+                     if len(seeds) > 1 else f"infra error (seed {shown}): {error}")
     failed = [r for r in records if r["reason"] in GRADER_FAILURES]
     for r in failed[:SHOWN_GRADER_FAILURES]:
         lines.append(f"{r['reason']} (seed {r['seed']})")
