@@ -27,6 +27,7 @@ from .environment import Environment
 from .episode import Episode, Outcome
 from .errors import KarotteError
 from .grading import GRADER_FAILURES, PYTHON, log_tail, preflight, why_of
+from .prediction import exploit_commands, predicted_hidden
 from .seeding import env_seed
 from .tools import call_tool
 
@@ -157,6 +158,10 @@ def attacks_for(env: Environment, seed: int) -> list[Attack]:
                "sitecustomize, usercustomize, .pth and conftest.py hooks (ENV-*, TEST-CONFTEST-01)"),
         Attack("trojan-path", (TROJANS,), False,
                "trojan python3 and pytest on PATH, LD_PRELOAD in .bashrc (ENV-PATH-01)"),
+        Attack("predict-hidden", exploit_commands(env, predicted_hidden(env, seed)), True,
+               "the hidden data regenerated from the public generator with every small seed "
+               "the visible data could come from, in the deliverables or answered by a "
+               "lookup table (PRED-SEED-01)"),
     ]
     return out
 
