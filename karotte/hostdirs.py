@@ -1,7 +1,8 @@
 """Directories Karotte makes on the host: where they go, and finding those of dead creators.
 
 Each is named like a sandbox cgroup, after its creator (karotte-<pid>.<starttime>-...), so
-`karotte-sandbox gc` can remove what a crashed process left behind.
+`karotte-sandbox gc` can remove what a crashed process left behind, and the process's own
+exit (karotte/lifecycle.py) what it leaves itself.
 """
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ def runtime_dir() -> str:
 
 def new_dir(tag: str, mode: int) -> str:
     """A fresh directory in runtime_dir() named after this process."""
+    from .lifecycle import refuse_if_ending  # lifecycle removes these dirs: it imports us
+
+    refuse_if_ending(f"a {tag} directory")
     path = os.path.join(runtime_dir(), cgroups.leaf_name(tag))
     os.mkdir(path, mode)
     os.chmod(path, mode)  # not narrowed by the umask
@@ -28,12 +32,23 @@ def new_dir(tag: str, mode: int) -> str:
 
 def find_stale() -> list[str]:
     """Directories of runtime_dir() made by processes that are gone."""
+    return _matching(lambda name: not cgroups.creator_alive(name))
+
+
+def find_created_by() -> list[str]:
+    """Directories of runtime_dir() made by this process (its pid and start time)."""
+    mine = f"{cgroups.PREFIX}{os.getpid()}."
+    return _matching(lambda name: name.startswith(mine) and cgroups.creator_alive(name))
+
+
+def _matching(keep) -> list[str]:
+    """Directories of runtime_dir() with a leaf_name() name that keep(name) accepts."""
     top = runtime_dir()
-    stale = []
+    found = []
     for name in sorted(os.listdir(top)):
         try:
-            if not cgroups.creator_alive(name):
-                stale.append(os.path.join(top, name))
+            if keep(name):
+                found.append(os.path.join(top, name))
         except ValueError:  # not one of ours
             continue
-    return stale
+    return found

@@ -25,10 +25,10 @@ import termios
 import threading
 import time
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, wraps
 from typing import Callable, Mapping, Sequence
 
-from . import cgroups, mounts, native
+from . import cgroups, lifecycle, mounts, native
 from . import protocol as p
 from .results import ExecResult
 from .errors import CgroupError, HostUnsupported, SandboxClosed, SandboxError, out_of_fds
@@ -56,6 +56,20 @@ OVERFLOW_PIPE_SIZE = 1 << 20
 # lone small write (`echo hi`, then exit) is read at once.
 SMALL_READ = 4096
 SMALL_READ_INTERVAL = 0.001
+
+
+def _raise_fd_limit() -> None:
+    """The soft RLIMIT_NOFILE up to the hard one, once, at import. Each live sandbox holds
+    fds (its socket, pidfd and workspace, on v2 its cgroup's) and each exec 3 more for a
+    moment, so a trainer with a few hundred sandboxes needs thousands; systemd starts
+    services at a soft 1024 (hard 524288), kept low only for programs that use select(),
+    and Karotte polls. The agent's limit is its own (SandboxSpec.nofile)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+_raise_fd_limit()
 
 DEFAULT_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -266,6 +280,34 @@ class _Capture:
         return b"".join(self.chunks)
 
 
+def _fd_exhaustion() -> SandboxError:
+    """The one error for running out of fds, at whichever step it happens."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        in_use = f"{len(os.listdir('/proc/self/fd')) - 1} open"
+    except OSError:  # listing needs an fd of its own, and there may be none left
+        in_use = "all in use"
+    return SandboxError(
+        f"this process is out of file descriptors ({in_use}, RLIMIT_NOFILE {soft}, hard "
+        f"limit {hard}); a live sandbox holds 3 or more and each exec 3 more for a moment: "
+        "raise the hard limit (LimitNOFILE= of a systemd unit, ulimit -Hn; Karotte raises "
+        "the soft limit to it at import), or close sandboxes")
+
+
+def _naming_fd_exhaustion(method):
+    """The method, raising _fd_exhaustion() where it ran out of fds (a pipe, a socket,
+    a cgroup file) instead of a bare EMFILE."""
+    @wraps(method)
+    def named(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except (OSError, CgroupError) as exc:
+            if out_of_fds(exc):
+                raise _fd_exhaustion() from exc
+            raise
+    return named
+
+
 class _ExecOp:
     """One exec as a state machine: the driver asks what to wait for, and reports
     readiness and the passing of time. It owns the host ends of the three pipes."""
@@ -304,9 +346,15 @@ class _ExecOp:
             msg.record(p.T_TTY)
             core.send(msg.to_bytes(), [])
         else:
-            in_r, in_w = os.pipe2(os.O_CLOEXEC)
-            out_r, out_w = os.pipe2(os.O_CLOEXEC)
-            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+            pipes: list[tuple[int, int]] = []
+            try:
+                while len(pipes) < 3:
+                    pipes.append(os.pipe2(os.O_CLOEXEC))
+            except BaseException:
+                for fd in (fd for pipe in pipes for fd in pipe):
+                    os.close(fd)
+                raise
+            (in_r, in_w), (out_r, out_w), (err_r, err_w) = pipes
             for fd in (in_w, out_r, err_r):
                 os.set_blocking(fd, False)
             try:
@@ -353,6 +401,7 @@ class _ExecOp:
 
     # -- events
 
+    @_naming_fd_exhaustion
     def on_readable(self, fd: int) -> None:
         if fd == self.core.sock.fileno():
             self._on_reply()
@@ -502,6 +551,8 @@ class _Core:
     """State shared by the sync and async faces: creation, channel, teardown."""
 
     def __init__(self, spec: SandboxSpec, cgroup_parent: cgroups.Cgroup | None = None):
+        self._creator = os.getpid()  # a forked child's copy must not act on its init
+        self._lock = threading.RLock()  # teardown: the owner, cleanup() and __del__
         self.spec = spec
         self.cgroup_parent = cgroup_parent
         self.cgroup: cgroups.Cgroup | None = None
@@ -520,6 +571,8 @@ class _Core:
     def start(self) -> None:
         spec = self.spec
         try:
+            lifecycle.refuse_if_ending("a sandbox")
+            lifecycle.track(self)
             self.cgroup = self._make_cgroup()
             if (self.cgroup is not None and not self.cgroup.swap_enforced
                     and "cgroup-swap" not in spec.allow_degraded):
@@ -546,6 +599,8 @@ class _Core:
                     raise _spawn_error(exc, cg) from exc
             finally:
                 child.close()
+            # A stop_all() that ran during the spawn found no pidfd here to signal.
+            lifecycle.refuse_if_ending("a sandbox")
             # The child waits for the go: its ids must be in place before it. It starts
             # in its cgroup (v2: CLONE_INTO_CGROUP; v1: cloned by a thread moved there,
             # which a move of the whole trainer by someone else could undo: checked).
@@ -655,6 +710,7 @@ class _Core:
 
     # -- exec
 
+    @_naming_fd_exhaustion
     def begin_exec(self, argv, stdin, timeout, env, cwd, on_output=None,
                    terminal=False, pass_fds=()) -> _ExecOp:
         if self.closed:
@@ -682,6 +738,7 @@ class _Core:
         return _ExecOp(self, exec_id, argv, stdin or b"", timeout, full_env,
                        cwd or mounts.WORKSPACE, on_output, terminal, pass_fds)
 
+    @_naming_fd_exhaustion
     def end_exec(self, op: _ExecOp) -> ExecResult:
         peak, oom = None, False
         if self.cgroup is not None:
@@ -691,6 +748,7 @@ class _Core:
 
     # -- teardown
 
+    @_naming_fd_exhaustion
     def kill_all(self) -> None:
         """Kill every process of the sandbox, init included, and confirm none is left.
 
@@ -698,60 +756,79 @@ class _Core:
         forks racing it included, and lets init's exit complete only once all of them
         are reaped. The cgroup kill after it confirms the cgroup is empty (and, without
         a PID namespace to lean on, would freeze and kill by itself)."""
-        if self.cgroup is not None and not self.cgroup.owned_here():
-            # A forked child's copy: the cgroup is its creator's, which may have reused
-            # it for another sandbox by now; the pidfd still names this one's init.
-            self.cgroup = None
-        if self.pidfd is not None:
-            try:
-                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            waiter = select.poll()  # not select(): fds above 1024 are common here
-            waiter.register(self.pidfd, select.POLLIN)
-            exited = bool(waiter.poll(KILL_GRACE * 1000))
-        if self.cgroup is not None:
-            self.cgroup.kill_all()
-        if self.pidfd is not None:
-            if not exited and self.cgroup is None:
-                raise SandboxError(f"init (pid {self.pid}) did not exit within {KILL_GRACE:g} s "
-                                   "of SIGKILL; a process may be stuck in the kernel (state D)")
-            try:
-                os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED)  # reap: init is our child
-            except ChildProcessError:
-                pass  # a forked child's copy: init is its creator's to reap
-            os.close(self.pidfd)
-            self.pidfd = None
-        self.mark_broken("the sandbox was killed")
-
-    def destroy(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            self.kill_all()
-        finally:
-            if self.sock is not None:
-                self.sock.close()
-                self.sock = None
-            if self.workspace_fd is not None:
-                os.close(self.workspace_fd)
-                self.workspace_fd = None
-            if self.cgroup is not None:
-                self.cgroup.release()  # kill_all() confirmed it empty: it may be reused
+        with self._lock:
+            if self.cgroup is not None and not self.cgroup.owned_here():
+                # A forked child's copy: the cgroup is its creator's, which may have reused
+                # it for another sandbox by now; the pidfd still names this one's init.
                 self.cgroup = None
+            if self.pidfd is not None:
+                try:
+                    signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                waiter = select.poll()  # not select(): fds above 1024 are common here
+                waiter.register(self.pidfd, select.POLLIN)
+                exited = bool(waiter.poll(KILL_GRACE * 1000))
+            if self.cgroup is not None:
+                self.cgroup.kill_all()
+            if self.pidfd is not None:
+                if not exited and self.cgroup is None:
+                    raise SandboxError(f"init (pid {self.pid}) did not exit within "
+                                       f"{KILL_GRACE:g} s of SIGKILL; a process may be stuck "
+                                       "in the kernel (state D)")
+                try:
+                    os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED)  # reap: init is our child
+                except ChildProcessError:
+                    pass  # a forked child's copy: init is its creator's to reap
+                os.close(self.pidfd)
+                self.pidfd = None
+            self.mark_broken("the sandbox was killed")
 
+    def stop(self) -> None:
+        """SIGKILL to init and nothing more (lifecycle.stop_all): the kernel kills the
+        sandbox's PID namespace with it. Safe in a signal handler and under a thread that
+        is using the sandbox: it closes nothing, and that thread's own teardown reaps and
+        releases. (Should the owner close the pidfd just now and its number go to another
+        pidfd, that one is a sandbox's too, and every sandbox is being stopped.)"""
+        pidfd = self.pidfd
+        if pidfd is None or self._creator != os.getpid():
+            return
+        self.mark_broken("the process is ending: every sandbox was stopped")
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except OSError:  # exited already, or the fd is gone
+            pass
 
-def _fd_exhaustion() -> SandboxError:
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    try:
-        in_use = f"{len(os.listdir('/proc/self/fd')) - 1} open"
-    except OSError:  # listing needs an fd of its own, and there may be none left
-        in_use = "all in use"
-    return SandboxError(
-        f"this process is out of file descriptors ({in_use}, RLIMIT_NOFILE {soft}); a live "
-        "sandbox holds 3 and each exec 3 more for a moment: raise the limit (ulimit -n, or "
-        "resource.setrlimit) or close sandboxes")
+    def destroy(self, reuse_cgroup: bool = True) -> None:
+        """Kill, reap, close and release. Idempotent; a call after an interrupted one
+        (an exception raised by a signal handler) finishes what that one left, which
+        lifecycle.cleanup() relies on."""
+        with self._lock:
+            self.closed = True
+            try:
+                self.kill_all()
+            finally:
+                if self.sock is not None:
+                    self.sock.close()
+                    self.sock = None
+                if self.workspace_fd is not None:
+                    os.close(self.workspace_fd)
+                    self.workspace_fd = None
+                if self.cgroup is not None:
+                    # kill_all() confirmed it empty: it may be reused
+                    (self.cgroup.release if reuse_cgroup else self.cgroup.destroy)()
+                    self.cgroup = None
+                if self.pidfd is None:
+                    lifecycle.forget(self)
+
+    def __del__(self) -> None:
+        # Dropped without close() (a Sandbox never closed, an AsyncSandbox never awaited
+        # to its end): destroy it now, not when the process ends, and reap its init. Not
+        # into the cgroup pool: a garbage collection can run this inside the pool's lock.
+        # Not in a forked child: the sandbox is its parent's.
+        if (self.pidfd is not None or self.cgroup is not None or self.sock is not None) \
+                and self._creator == os.getpid():
+            self.destroy(reuse_cgroup=False)
 
 
 def _spawn_error(exc: native.SpawnError, cg: cgroups.Cgroup | None) -> Exception:
