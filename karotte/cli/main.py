@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import signal
 import statistics
 import sys
 from pathlib import Path
@@ -110,6 +111,7 @@ def outcome_json(target: str, seed: int, outcome) -> dict:
         "reward": outcome.reward,
         "reason": outcome.reason,
         "violations": [{"path": v.path, "kind": v.kind, "rule": v.rule}
+    from .. import lifecycle
                        for v in outcome.violations],
         "infra_error": outcome.infra_error,
         "timings": dataclasses.asdict(outcome.timings),
@@ -130,32 +132,60 @@ def cmd_run(args: argparse.Namespace) -> int:
     if env is None:
         return EXIT_USAGE
     seeds = list(range(args.seed, args.seed + args.n))
-    out = open(args.out, "w") if args.out else None
+    # Line-buffered: each record reaches the kernel as its line ends, so a SIGKILL of this
+    # process loses none that were reported. fsync would add a disk flush per episode,
+    # for power loss only, which ends the training run too.
+    out = open(args.out, "w", buffering=1) if args.out else None
     progress = sys.stderr.isatty() and not args.json
     records: list[dict] = []
+    stopped: list[int] = []  # the signal that ended the run
 
-    async def one(seed: int) -> dict:
-        try:
-            return outcome_json(args.env, seed, await _play(env, seed, calls))
-        except Exception as exc:  # the episode could not even start: the infrastructure's
-            return {"env": args.env, "seed": seed, "reward": None, "reason": "infra_error",
-                    "violations": [], "infra_error": f"{type(exc).__name__}: {exc}",
-                    "timings": {}}
+    def stop(signum: int) -> None:
+        if not stopped:
+            stopped.append(signum)
+        # Every episode in flight ends at once (its sandboxes are killed, no new one
+        # starts); the coroutines then unwind by themselves, closing what they hold.
+        lifecycle.stop_all(signum)
+
+    async def one(seed: int, gate: asyncio.Semaphore) -> dict | None:
+        async with gate:  # episodes not started yet must not start after a signal
+            if stopped:
+                return None
+            try:
+        loop = asyncio.get_running_loop()
+        for sig in lifecycle.SIGNALS:
+            loop.add_signal_handler(sig, stop, sig)
+                return outcome_json(args.env, seed, await _play(env, seed, calls))
+            except Exception as exc:  # the episode could not even start: the infrastructure's
+                return {"env": args.env, "seed": seed, "reward": None, "reason": "infra_error",
+                        "violations": [], "infra_error": f"{type(exc).__name__}: {exc}",
+                        "timings": {}}
 
     async def main() -> None:
         set_concurrency(args.concurrency)
-        for done in asyncio.as_completed([one(seed) for seed in seeds]):
-            records.append(await done)
-            line = json.dumps(records[-1])
+        gate = asyncio.Semaphore(args.concurrency)
+        for done in asyncio.as_completed([one(seed, gate) for seed in seeds]):
+            record = await done
+            if stopped:  # ended by the signal (or not run): no result
+                continue
+            records.append(record)
+            line = json.dumps(record)
+            if out:  # first: a record seen on stdout is in the file, whenever we die
+                out.write(line + "\n")
             if args.json:
                 print(line, flush=True)
-            if out:
-                out.write(line + "\n")
             if progress:
+        lifecycle.install_signal_handlers()  # the loop's handlers went with it
                 _progress(len(records), len(seeds))
 
+    if stopped:
+        lifecycle.cleanup()
+        print(f"karotte run: stopped by {signal.Signals(stopped[0]).name} after {len(records)} "
+              f"of {len(seeds)} episodes", file=sys.stderr)
     try:
         asyncio.run(main())
+    if stopped:
+        return 128 + stopped[0]
     finally:
         if out:
             out.close()
@@ -417,7 +447,15 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "n", 1) < 1 or getattr(args, "concurrency", 1) < 1:
         print("karotte: -n and --concurrency must be at least 1", file=sys.stderr)
         return EXIT_USAGE
-    return args.func(args)
+    from .. import lifecycle
+
+    # SIGINT, SIGTERM and SIGHUP end every command the same way: every sandbox is
+    # stopped, everything unwinds, what this process made is removed, 128 + the signal.
+    lifecycle.install_signal_handlers()
+    try:
+        return args.func(args)
+    except lifecycle.Terminated as exc:
+        return lifecycle.terminated(exc, f"karotte {args.cmd}")
 
 
 if __name__ == "__main__":

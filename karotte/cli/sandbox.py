@@ -24,7 +24,7 @@ import termios
 import threading
 import tty
 
-from .. import __version__, cgroups
+from .. import __version__, cgroups, lifecycle
 from ..errors import KarotteError
 from ..results import ExecResult
 from ..spec import Bind, BindError, SandboxSpec, SpecError, parse_size
@@ -497,18 +497,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _exit_on_signal(signum, _frame):
-    # SystemExit unwinds the `with sandbox` blocks: the sandbox is destroyed, not leaked.
-    sys.exit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _exit_on_signal)
+    # SIGINT, SIGTERM and SIGHUP: the sandbox is stopped at once, the `with sandbox`
+    # blocks unwind, what this process made is removed, and the exit status is 128 + N.
+    lifecycle.install_signal_handlers()
     args = build_parser().parse_args(argv)
     if getattr(args, "command", None) and args.command[0] == "--":
         args.command = args.command[1:]
-    return args.func(args)
+    try:
+        return args.func(args)
+    except lifecycle.Terminated as exc:
+        return lifecycle.terminated(exc, "karotte-sandbox")
 
 
 if __name__ == "__main__":
