@@ -135,11 +135,12 @@ def _add_limit_options(p: argparse.ArgumentParser, timeout_default: float) -> No
     p.add_argument("--bind", action="append", default=[], metavar="SRC:DST[:ro|rw]",
                    help="make a host path visible inside, read-only unless :rw; repeatable. "
                         "DST may be /workspace (the host directory replaces the workspace) "
-                        "or a new path, never /, /proc, /dev, /sys, /usr, /etc, /tmp, "
-                        "/home/agent, nor one inside another bind. A rw bind is the host's "
-                        "disk: outside --disk and --inodes (the file size limit still holds), "
-                        "and as root the agent writes it as a host uid of its sandbox's own, "
-                        "so its SRC must be writable by the agent's group (see the README)")
+                        "or a path of its own: not /, /proc, /dev or /sys, not onto or above "
+                        "/usr, /etc, /tmp or /home/agent, not inside another bind. A rw bind "
+                        "is the host's disk: outside --disk and --inodes (the file size limit "
+                        "still holds); as root the agent writes it as a host uid of its "
+                        "sandbox's own and the agent gid, which SRC must let write (`check` "
+                        "prints it; docs/karotte-sandbox.md)")
     p.add_argument("--ro-bind", nargs=2, action="append", default=[], metavar=("SRC", "DST"),
                    help="as --bind SRC:DST:ro, for paths that hold ':'")
     p.add_argument("--rw-bind", nargs=2, action="append", default=[], metavar=("SRC", "DST"),
