@@ -111,7 +111,6 @@ def outcome_json(target: str, seed: int, outcome) -> dict:
         "reward": outcome.reward,
         "reason": outcome.reason,
         "violations": [{"path": v.path, "kind": v.kind, "rule": v.rule}
-    from .. import lifecycle
                        for v in outcome.violations],
         "infra_error": outcome.infra_error,
         "timings": dataclasses.asdict(outcome.timings),
@@ -119,6 +118,7 @@ def outcome_json(target: str, seed: int, outcome) -> dict:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from .. import lifecycle
     from ..episode import set_concurrency
 
     calls = None
@@ -152,9 +152,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             if stopped:
                 return None
             try:
-        loop = asyncio.get_running_loop()
-        for sig in lifecycle.SIGNALS:
-            loop.add_signal_handler(sig, stop, sig)
                 return outcome_json(args.env, seed, await _play(env, seed, calls))
             except Exception as exc:  # the episode could not even start: the infrastructure's
                 return {"env": args.env, "seed": seed, "reward": None, "reason": "infra_error",
@@ -162,6 +159,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                         "timings": {}}
 
     async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in lifecycle.SIGNALS:
+            loop.add_signal_handler(sig, stop, sig)
         set_concurrency(args.concurrency)
         gate = asyncio.Semaphore(args.concurrency)
         for done in asyncio.as_completed([one(seed, gate) for seed in seeds]):
@@ -175,24 +175,24 @@ def cmd_run(args: argparse.Namespace) -> int:
             if args.json:
                 print(line, flush=True)
             if progress:
-        lifecycle.install_signal_handlers()  # the loop's handlers went with it
                 _progress(len(records), len(seeds))
 
+    try:
+        asyncio.run(main())
+    finally:
+        if out:
+            out.close()
+        lifecycle.install_signal_handlers()  # the loop's handlers went with it
+    if progress:
+        print(file=sys.stderr)
     if stopped:
         lifecycle.cleanup()
         print(f"karotte run: stopped by {signal.Signals(stopped[0]).name} after {len(records)} "
               f"of {len(seeds)} episodes", file=sys.stderr)
-    try:
-        asyncio.run(main())
-    if stopped:
-        return 128 + stopped[0]
-    finally:
-        if out:
-            out.close()
-    if progress:
-        print(file=sys.stderr)
     if not args.json:
         print(_summary(records))
+    if stopped:
+        return 128 + stopped[0]
     return EXIT_INFRA if any(r["infra_error"] for r in records) else 0
 
 
