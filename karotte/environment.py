@@ -28,6 +28,8 @@ the standard library): keep its imports to spec and the standard library.
 from __future__ import annotations
 
 import importlib
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
@@ -44,6 +46,15 @@ class File:
     content: bytes | str
     mode: int = 0o644
 
+    def __post_init__(self):
+        if not isinstance(self.content, (bytes, str)):
+            raise TypeError(f"File content must be bytes or str, got "
+                            f"{type(self.content).__name__}")
+        if isinstance(self.mode, bool) or not isinstance(self.mode, int) \
+                or not 0 <= self.mode <= 0o777:
+            raise ValueError(f"File mode must be permission bits from 0 to 0o777 (no setuid, "
+                             f"setgid or sticky bit: custody rejects them), got {self.mode!r}")
+
     def data(self) -> bytes:
         return self.content.encode() if isinstance(self.content, str) else self.content
 
@@ -54,6 +65,12 @@ class Grade:
 
     reward: float
     details: Mapping[str, Any] = field(default_factory=dict)  # JSON-serialisable
+
+    def __post_init__(self):
+        # Any real number is a reward (a Fraction, a numpy float): sent as a float. What
+        # is not one is left for the grader runtime to report as an invalid reward.
+        if isinstance(self.reward, numbers.Real) and not isinstance(self.reward, bool):
+            object.__setattr__(self, "reward", float(self.reward))
 
 
 class Environment:
@@ -94,6 +111,85 @@ class Environment:
     def reference_solution(self, seed: int) -> Sequence[str]:
         """Bash commands that solve the task, for `karotte run` and `karotte check`."""
         return ()
+
+
+MAX_DELIVERABLE_BYTES = 255  # so that a cut path in a record still names it (scan.py)
+
+
+def check_path(path: object, what: str) -> str:
+    """path as a file path relative to a root it must stay inside, or ValueError/TypeError
+    naming the mistake: not a str, empty, absolute, with '.', '..' or an empty component,
+    ending in '/', with a NUL byte."""
+    if not isinstance(path, str):
+        raise TypeError(f"{what} must be a str path relative to the workspace, got "
+                        f"{type(path).__name__} {path!r}")
+    if "\0" in path:
+        raise ValueError(f"{what} {path!r} contains a NUL byte")
+    if not path or path.startswith("/"):
+        raise ValueError(f"{what} {path!r} must be a relative path (say 'data/input.txt' for "
+                         "/workspace/data/input.txt), not empty or absolute")
+    if path.endswith("/"):
+        raise ValueError(f"{what} {path!r} ends in '/': name a file; a directory is made for "
+                         "the files in it")
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        raise ValueError(f"{what} {path!r} has an empty, '.' or '..' component; write the "
+                         "path plainly, inside the workspace")
+    return path
+
+
+def check_files(files: object, what: str, *, allow_file: bool) -> dict[str, bytes | str | File]:
+    """What workspace_files() (allow_file: File values too) or hidden_files() returned, as
+    a dict, or an error naming the bad entry and the fix."""
+    if not isinstance(files, Mapping):
+        raise TypeError(f"{what}() must return a mapping of relative path to content, got "
+                        f"{type(files).__name__}")
+    types = (bytes, str, File) if allow_file else (bytes, str)
+    out: dict[str, bytes | str | File] = {}
+    for path, content in files.items():
+        check_path(path, f"a key of {what}()")
+        if not isinstance(content, types):
+            hint = "; File (with a mode) is for workspace_files only" \
+                if isinstance(content, File) else ""
+            raise TypeError(f"{what}()[{path!r}] must be " + (
+                "bytes, str or File" if allow_file else "bytes or str") +
+                f", got {type(content).__name__}{hint}")
+        out[path] = content
+    return out
+
+
+def check_environment(env: object) -> Environment:
+    """env itself if it is an Environment instance whose class attributes make sense, or an
+    error naming the mistake and the fix. Called when an episode is made, so that a
+    mistake fails there and not when the first agent is done."""
+    if isinstance(env, type):
+        raise TypeError(f"got the class {env.__qualname__}, not an instance of it; pass "
+                        f"{env.__qualname__}() (or the string 'module:{env.__qualname__}')")
+    if not isinstance(env, Environment):
+        raise TypeError(f"an episode needs an Environment instance or its 'module:Name', got "
+                        f"{type(env).__name__} {env!r}")
+    name = type(env).__qualname__
+    deliverables = env.deliverables
+    if isinstance(deliverables, (str, bytes)) or not isinstance(deliverables, Sequence):
+        raise TypeError(f"{name}.deliverables must be a tuple of paths, such as "
+                        f"('answer.txt',), got {deliverables!r}")
+    for d in deliverables:
+        check_path(d, f"{name}.deliverables entry")
+        if len(d.encode("utf-8", "surrogateescape")) > MAX_DELIVERABLE_BYTES \
+                or not d.isprintable() or "\\" in d:
+            raise ValueError(f"{name}.deliverables entry {d!r} must be printable text without "
+                             f"a backslash, at most {MAX_DELIVERABLE_BYTES} bytes")
+    for attr, kind in (("limits", SandboxSpec), ("grader_limits", SandboxSpec),
+                       ("scan_limits", ScanLimits)):
+        if not isinstance(getattr(env, attr), kind):
+            raise TypeError(f"{name}.{attr} must be a {kind.__name__}, got "
+                            f"{type(getattr(env, attr)).__name__}")
+    bounds = env.reward_range
+    if not (isinstance(bounds, tuple) and len(bounds) == 2
+            and all(isinstance(b, numbers.Real) and not isinstance(b, bool)
+                    and math.isfinite(b) for b in bounds) and bounds[0] < bounds[1]):
+        raise ValueError(f"{name}.reward_range must be (bottom, top), two finite numbers with "
+                         f"bottom < top, got {bounds!r}")
+    return env
 
 
 def load(target: str) -> type[Environment]:

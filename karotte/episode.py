@@ -1,36 +1,47 @@
 """Episode: what a trainer drives. reset -> exec* -> finish -> Outcome, sync or asyncio.
 
-    with Episode(MyEnv(), seed=7) as ep:
+    with Episode(MyEnv(), seed=7, max_turns=50, max_seconds=600) as ep:
         prompt = ep.reset()
         ep.exec("cd /workspace && python3 solve.py > answer.txt")
         outcome = ep.finish()          # kill, scan, copy, grade in a fresh sandbox
     outcome.reward, outcome.reason, outcome.violations, outcome.infra_error
+    outcome.to_dict()                  # plain JSON data, of bounded size
 
 The agent's tools: exec (a bash shell whose cd and exports carry over), read_file and
 write_file (run as the agent, with its rights and nothing more) and give_up. An outcome
 with infra_error set is the infrastructure's failure: mask it, do not score it. Every
-failure the agent's work causes (bad files, a grader crash, a timeout) is reward bottom
-with a reason code instead.
+failure the agent's work causes (bad files, a grader crash, a timeout, a budget used up)
+is reward bottom with a reason code instead.
+
+An Episode is one episode: reset() once, then tool calls, then finish() or give_up(),
+whose Outcome later calls of either return again. The budget: at most max_turns tool
+calls, and max_seconds of wall time from the end of reset() to finish(). The call that
+would go past it is not run; it tells the model, and the episode ends with the bottom
+reward and the reason "budget_exhausted".
 """
 from __future__ import annotations
 
 import asyncio
 import io
+import json
+import math
+import numbers
 import tarfile
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Mapping
 
 from .custody import Custody, deliverable_violations, take_custody
-from .environment import Environment, File, load
+from .environment import Environment, File, check_environment, check_files, load
 from .errors import KarotteError, SandboxClosed
 from .grading import GradeReport, run_grader
-from .results import ExecResult
+from .results import ExecResult, capped
 from .sandbox import AsyncSandbox, Sandbox
 from .scan import ScanLimits, Violation
-from .seeding import env_seed
+from .seeding import env_name, env_seed
+from .spec import KiB
 
 SHELL_STATE = "/home/agent/.karotte-shell-state"
 # Each command runs in a fresh bash that first restores the previous command's working
@@ -46,9 +57,19 @@ __karotte_save() {
 trap __karotte_save EXIT
 eval "$1"
 """ % {"state": SHELL_STATE}
+UNTAR = ["tar", "-x", "--no-same-owner", "-m", "-C", "/workspace", "-f", "-"]
 TRUNCATED = "\n[karotte: output truncated, only the first {limit} bytes of {stream} are shown]\n"
 DEFAULT_CONCURRENCY = 64
 MAX_ARGUMENT = 128 * 1024 - 1  # MAX_ARG_STRLEN: the kernel's limit on one argv string
+DEFAULT_MAX_TURNS = 1000
+
+# REC-BOUND-01: every text an Outcome keeps has a size that the agent cannot grow, as
+# bytes of its JSON form (results.capped). The log has one record per tool call, and the
+# budget bounds the calls; the violations are bounded by the scan (docs/scan.md).
+ARGUMENT_LOG_LIMIT = 4 * KiB  # of each logged command or path
+DETAILS_LIMIT = 64 * KiB  # of the grader's details, whole top-level entries
+GRADER_LOG_RECORD_LIMIT = 64 * KiB
+INFRA_ERROR_LIMIT = 4 * KiB
 
 
 @dataclass(frozen=True)
@@ -65,8 +86,8 @@ class ToolResult:
 @dataclass(frozen=True)
 class ExecRecord:
     tool: str  # "bash", "read_file", "write_file", "give_up"
-    argument: str  # the command, or the path
-    exit_code: int | None
+    argument: str  # the command, or the path: cut to ARGUMENT_LOG_LIMIT bytes of JSON
+    exit_code: int | None  # None: not run (refused, or the budget was used up)
     timed_out: bool
     truncated: bool
     wall_seconds: float
@@ -86,14 +107,34 @@ class Timings:
 
 @dataclass(frozen=True)
 class Outcome:
+    """How an episode ended. Every field has a bound that does not depend on the agent
+    (REC-BOUND-01); to_dict() is the same as plain JSON data."""
+
+    env: str  # module:Class of the environment
+    seed: int  # the trainer's seed (never the one derived for the environment)
     reward: float
-    reason: str  # "graded", "gave_up", "scanner_rejected_required_output", "grader_crashed", ...
-    violations: tuple[Violation, ...]
+    # "graded", "gave_up", "budget_exhausted", "scanner_rejected_required_output",
+    # "grader_crashed", "grader_timeout", "reward_out_of_range", ..., "infra_error"
+    reason: str
+    violations: tuple[Violation, ...]  # those the scan holds (docs/scan.md)
+    violations_dropped: int  # found by the scan, over what it holds: counted only
     infra_error: str | None  # set only when the infrastructure failed: mask, do not score
     timings: Timings
-    log: tuple[ExecRecord, ...]
-    details: Mapping[str, Any] = field(default_factory=dict)  # from the grader
-    grader_log: str = ""
+    log: tuple[ExecRecord, ...]  # one per tool call: max_turns, and the one it refused
+    details: Mapping[str, Any]  # from the grader: JSON data, top-level entries that fit
+    details_dropped: int  # top-level entries of the grader's details left out
+    grader_log: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The outcome as plain data that json.dumps takes (a NaN in details is "NaN")."""
+        return {
+            "env": self.env, "seed": self.seed, "reward": self.reward, "reason": self.reason,
+            "violations": [asdict(v) for v in self.violations],
+            "violations_dropped": self.violations_dropped, "infra_error": self.infra_error,
+            "timings": asdict(self.timings), "log": [asdict(r) for r in self.log],
+            "details": dict(self.details), "details_dropped": self.details_dropped,
+            "grader_log": self.grader_log,
+        }
 
 
 def _render(result: ExecResult, limit: int) -> str:
@@ -115,17 +156,32 @@ def _render(result: ExecResult, limit: int) -> str:
 
 
 def _tarball(files: Mapping[str, bytes | str | File]) -> bytes:
+    """The workspace files (checked by check_files) as a tar archive for UNTAR."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path, content in files.items():
             f = content if isinstance(content, File) else File(content)
             data = f.data()
-            info = tarfile.TarInfo(path.lstrip("/"))
-            if ".." in info.name.split("/"):
-                raise ValueError(f"workspace file path must stay inside: {path!r}")
+            info = tarfile.TarInfo(path)
             info.size, info.mode, info.mtime = len(data), f.mode, int(time.time())
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
+
+
+def _details(details: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+    """The grader's details as plain JSON data, its top-level entries in order as long as
+    they fit in DETAILS_LIMIT bytes of JSON, and how many did not fit."""
+    kept: dict[str, Any] = {}
+    size, dropped = 2, 0
+    for key, value in details.items():
+        text = json.dumps({str(key): value})
+        cost = len(text) - 2 + (2 if kept else 0)  # the entry, and ", " before it
+        if size + cost > DETAILS_LIMIT:
+            dropped += 1
+            continue
+        kept.update(json.loads(text, parse_constant=str))  # NaN, Infinity: as text
+        size += cost
+    return kept, dropped
 
 
 def bash_argv(command: str) -> list[str]:
@@ -133,53 +189,191 @@ def bash_argv(command: str) -> list[str]:
     return ["/bin/bash", "--noprofile", "--norc", "-c", SHELL, "bash", command]
 
 
+def _seed(seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"an episode seed must be an int (any integer type, numpy's too), got "
+                        f"{type(seed).__name__} {seed!r}")
+    return int(seed)
+
+
+def _environment(env: object) -> Environment:
+    if isinstance(env, str):
+        try:
+            cls = load(env)
+        except (ImportError, ValueError, TypeError) as exc:
+            raise ValueError(f"cannot load the environment {env!r}: {exc}; pass "
+                             "'package.module:ClassName', importable from sys.path") from exc
+        env = cls()
+    return check_environment(env)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A tool call that may run: what to run, and whether the wall budget cut its time."""
+
+    tool: str
+    argument: str
+    argv: list[str]
+    stdin: bytes | str
+    timeout: float
+    cut_by_budget: bool
+
+
 class _Flow:
     """The episode's state and its decisions, shared by the sync and async faces."""
 
     def __init__(self, env: Environment | str, seed: int, scan_limits: ScanLimits | None,
-                 key: bytes | str | None):
-        self.env = load(env)() if isinstance(env, str) else env
-        self.seed = seed  # the trainer's; the environment only ever sees env_seed
-        self.env_seed = env_seed(self.env, seed, key)
+                 key: bytes | str | None, max_turns: int, max_seconds: float | None):
+        self.env = _environment(env)
+        self.seed = _seed(seed)  # the trainer's; the environment only ever sees env_seed
+        self.env_seed = env_seed(self.env, self.seed, key)
+        self.name = env_name(self.env)
+        if scan_limits is not None and not isinstance(scan_limits, ScanLimits):
+            raise TypeError(f"scan_limits must be a ScanLimits, got {type(scan_limits).__name__}")
         self.scan_limits = scan_limits or self.env.scan_limits
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+            raise ValueError(f"max_turns must be a positive int (tool calls), got {max_turns!r}")
+        if max_seconds is not None and (isinstance(max_seconds, bool) or not isinstance(
+                max_seconds, numbers.Real) or not 0 < max_seconds < math.inf):
+            raise ValueError(f"max_seconds must be a positive finite number of seconds, or "
+                             f"None for no limit; got {max_seconds!r}")
+        self.max_turns, self.max_seconds = max_turns, max_seconds
         self.log: list[ExecRecord] = []
+        self.turns = 0
         self.t_start = time.monotonic()
         self.t_reset = self.t_agent = 0.0
+        self.deadline = math.inf
+        self.reset_called = False
+        self.running = False
         self.finished: Outcome | None = None
 
-    def setup_command(self) -> tuple[list[str], bytes] | None:
-        files = self.env.workspace_files(self.env_seed)
-        if not files:
-            return None
-        return (["tar", "-x", "--no-same-owner", "-m", "-C", "/workspace", "-f", "-"],
-                _tarball(files))
+    # -- reset
 
-    def argv(self, tool: str, argument: str) -> list[str] | ToolResult:
-        """The argv that runs this call of the bash, read_file or write_file tool, or, for
-        an argument no process can take (a NUL byte, over the kernel's 128 KiB for one
-        argument), the ToolResult that says so: a model's output must never raise into
-        the trainer's loop."""
+    def begin_reset(self) -> None:
+        if self.finished is not None:
+            raise SandboxClosed("the episode is over (finish() or give_up() ended it); make a "
+                                "new Episode for another")
+        if self.reset_called:
+            raise RuntimeError("reset() was already called on this Episode; an Episode is one "
+                               "episode: make a new Episode(env, seed) for another")
+        self.reset_called = True
+
+    def prepare(self) -> tuple[str, tuple[list[str], bytes] | None]:
+        """The prompt and the command that places the task's files, from the environment's
+        methods, each checked: an author's mistake fails here, named, before any agent."""
+        env, seed = self.env, self.env_seed
+        prompt = env.prompt(seed)
+        if not isinstance(prompt, str):
+            raise TypeError(f"{type(env).__name__}.prompt() must return a str, got "
+                            f"{type(prompt).__name__}")
+        files = check_files(env.workspace_files(seed), "workspace_files", allow_file=True)
+        check_files(env.hidden_files(seed), "hidden_files", allow_file=False)
+        return prompt, (UNTAR, _tarball(files)) if files else None
+
+    def started(self, t0: float) -> None:
+        now = time.monotonic()
+        self.t_reset = now - t0
+        if self.max_seconds is not None:
+            self.deadline = now + self.max_seconds
+        self.running = True
+
+    def live(self) -> None:
+        if self.finished is not None:
+            raise SandboxClosed("the episode is over (finish() or give_up() ended it); make a "
+                                "new Episode for another")
+        if not self.running:
+            raise SandboxClosed("the episode's sandbox was closed before it finished; make a "
+                                "new Episode" if self.reset_called else
+                                "the episode has not started: call reset() first")
+
+    # -- tool calls
+
+    def call(self, tool: str, argument: object, stdin: object = b"",
+             timeout: object = None) -> _Call | ToolResult:
+        """The tool call to run, or the ToolResult that says why it is not run: an argument
+        no process can take (a NUL byte, over the kernel's 128 KiB for one argument, text
+        that is not valid), or the budget used up. A model's output must never raise into
+        the trainer's loop; the trainer's own mistakes (a list for a command, a bad
+        timeout) raise, named."""
         what = "command" if tool == "bash" else "path"
-        size = len(argument.encode("utf-8", "surrogateescape"))
+        if not isinstance(argument, str):
+            example = "ep.exec('ls -l')" if tool == "bash" else f"ep.{tool}('notes.txt', ...)"
+            raise TypeError(f"the {tool} tool takes the {what} as one str, e.g. {example}; got "
+                            f"{type(argument).__name__} {capped(repr(argument), 200)}")
+        if not isinstance(stdin, (str, bytes)):
+            raise TypeError(f"write_file content must be str or bytes, got {type(stdin).__name__}")
+        wanted = self._timeout(timeout)
+        self.turns += 1
+        left = self.deadline - time.monotonic()
+        if self.turns > self.max_turns or left <= 0:
+            return self.refuse(tool, argument, self.budget_note(), end=True)
+        try:
+            size = len(argument.encode("utf-8", "surrogateescape"))
+        except UnicodeEncodeError:
+            return self.refuse(tool, argument, f"the {what} is not valid text (it has a lone "
+                                               "surrogate); nothing was run")
         if "\0" in argument:
             why = f"the {what} contains a NUL byte, which no program can take as an argument"
         elif size > MAX_ARGUMENT:
             why = (f"the {what} is {size} bytes, over the limit of {MAX_ARGUMENT}; "
                    "write long content to a file with write_file")
         else:
-            return {"bash": bash_argv(argument),
+            argv = {"bash": bash_argv(argument),
                     "read_file": ["cat", "--", argument],
                     "write_file": ["/bin/sh", "-c", 'cat > "$1"', "sh", argument]}[tool]
-        self.log.append(ExecRecord(tool, argument, None, False, False, 0.0))
-        return ToolResult(f"error: {why}; nothing was run", None, False, False, 0.0)
+            return _Call(tool, argument, argv, stdin, min(wanted, left), left < wanted)
+        return self.refuse(tool, argument, f"{why}; nothing was run")
 
-    def record(self, tool: str, argument: str, result: ExecResult, limit: int) -> ToolResult:
+    def _timeout(self, timeout: object) -> float:
+        limit = self.env.limits.timeout
+        if timeout is None:
+            return limit
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+            raise TypeError(f"timeout must be seconds (a number), got {type(timeout).__name__}")
+        if not 0 < timeout <= limit:
+            raise ValueError(f"timeout must be positive seconds up to the environment's limit of "
+                             f"{limit:g} s ({type(self.env).__name__}.limits.timeout), got "
+                             f"{timeout!r}")
+        return float(timeout)
+
+    def budget_note(self) -> str:
+        if self.turns > self.max_turns:
+            return f"the episode's budget of {self.max_turns} tool calls is used up"
+        return f"the episode's budget of {self.max_seconds:g} s is used up"
+
+    def refuse(self, tool: str, argument: str, why: str, end: bool = False) -> ToolResult:
+        self.log.append(ExecRecord(tool, capped(argument, ARGUMENT_LOG_LIMIT), None, False,
+                                   False, 0.0))
+        if end:
+            self.outcome(None, "budget_exhausted")
+            return ToolResult(f"error: {why}; {tool} was not run and the episode is over",
+                              None, False, False, 0.0)
+        return ToolResult(f"error: {why}", None, False, False, 0.0)
+
+    def record(self, call: _Call, result: ExecResult, limit: int) -> ToolResult:
         truncated = result.stdout_truncated or result.stderr_truncated
         self.t_agent += result.wall_seconds
-        self.log.append(ExecRecord(tool, argument, result.exit_code, result.timed_out,
-                                   truncated, result.wall_seconds))
-        return ToolResult(_render(result, limit), result.exit_code, result.timed_out,
-                          truncated, result.wall_seconds)
+        self.log.append(ExecRecord(call.tool, capped(call.argument, ARGUMENT_LOG_LIMIT),
+                                   result.exit_code, result.timed_out, truncated,
+                                   result.wall_seconds))
+        text = _render(result, limit)
+        if result.timed_out and call.cut_by_budget:
+            self.outcome(None, "budget_exhausted")
+            text += f"[karotte: {self.budget_note()}; the episode is over]\n"
+        return ToolResult(text, result.exit_code, result.timed_out, truncated,
+                          result.wall_seconds)
+
+    def give_up(self) -> Outcome:
+        self.log.append(ExecRecord("give_up", "", None, False, False, 0.0))
+        return self.outcome(None, "gave_up")
+
+    def out_of_time(self) -> Outcome | None:
+        """At finish(): the budget's outcome if the agent phase took longer than max_seconds."""
+        if time.monotonic() > self.deadline:
+            return self.outcome(None, "budget_exhausted")
+        return None
+
+    # -- the end
 
     def outcome(self, reward: float | None, reason: str, custody: Custody | None = None,
                 report: GradeReport | None = None, infra_error: str | None = None,
@@ -189,10 +383,15 @@ class _Flow:
                           custody.kill_seconds if custody else 0.0,
                           custody.scan_seconds if custody else 0.0, grade_seconds,
                           time.monotonic() - self.t_start)
+        details, dropped = _details(report.details) if report else ({}, 0)
+        self.running = False
         self.finished = Outcome(
-            bottom if reward is None else reward, reason,
-            custody.violations if custody else (), infra_error, timings, tuple(self.log),
-            dict(report.details) if report else {}, report.log if report else "")
+            self.name, self.seed, bottom if reward is None else reward, reason,
+            custody.violations if custody else (),
+            custody.violations_dropped if custody else 0,
+            None if infra_error is None else capped(infra_error, INFRA_ERROR_LIMIT),
+            timings, tuple(self.log), details, dropped,
+            capped(report.log, GRADER_LOG_RECORD_LIMIT) if report else "")
         return self.finished
 
     def judge(self, custody: Custody) -> Outcome | None:
@@ -258,7 +457,7 @@ class _Facts:
 
     @property
     def done(self) -> bool:
-        """Whether the episode has ended (finish() or give_up())."""
+        """Whether the episode has ended (finish(), give_up() or its budget)."""
         return self._flow.finished is not None
 
     def reference_solution(self) -> list[str]:
@@ -270,33 +469,44 @@ class Episode(_Facts):
     """One episode, synchronous. Use as a context manager; exit always cleans up."""
 
     def __init__(self, env: Environment | str, seed: int = 0, *,
-                 scan_limits: ScanLimits | None = None, key: bytes | str | None = None):
-        """key: the secret that turns seed into the environment's seed (karotte/seeding.py);
-        None takes the host's (KAROTTE_KEY, else its key file)."""
-        self._flow = _Flow(env, seed, scan_limits, key)
+                 scan_limits: ScanLimits | None = None, key: bytes | str | None = None,
+                 max_turns: int = DEFAULT_MAX_TURNS, max_seconds: float | None = None):
+        """env: an Environment instance, or its 'module:Name'. key: the secret that turns
+        seed into the environment's seed (karotte/seeding.py); None takes the host's
+        (KAROTTE_KEY, else its key file). The budget: max_turns, the most tool calls
+        (bash, read_file, write_file) the agent gets; max_seconds, the most wall time from
+        the end of reset() to finish() (None: no limit). A call past either is not run:
+        the model is told, and the episode ends with the bottom reward and the reason
+        "budget_exhausted"."""
+        self._flow = _Flow(env, seed, scan_limits, key, max_turns, max_seconds)
         self._sandbox: Sandbox | None = None
 
     def reset(self) -> str:
-        """Start the agent's sandbox with the task's files; returns the prompt."""
+        """Start the agent's sandbox with the task's files; returns the prompt. Once per
+        Episode."""
         flow = self._flow
+        flow.begin_reset()
         t = time.monotonic()
-        prompt = flow.env.prompt(flow.env_seed)
+        prompt, setup = flow.prepare()
         self._sandbox = Sandbox(flow.env.limits)
-        setup = flow.setup_command()
-        if setup:
-            r = self._sandbox.exec(setup[0], stdin=setup[1])
-            if r.exit_code != 0:
-                raise KarotteError(f"placing the task's files failed: {r.stderr[-2000:]!r}")
-        flow.t_reset = time.monotonic() - t
+        try:
+            if setup:
+                r = self._sandbox.exec(setup[0], stdin=setup[1])
+                if r.exit_code != 0:
+                    raise KarotteError(f"placing the task's files failed: {r.stderr[-2000:]!r}")
+        except BaseException:
+            self.close()
+            raise
+        flow.started(t)
         return prompt
 
     def _live(self) -> Sandbox:
-        if self._sandbox is None or self._flow.finished is not None:
-            raise SandboxClosed("the episode is not running (call reset(); finish() ends it)")
+        self._flow.live()
         return self._sandbox
 
     def exec(self, command: str, timeout: float | None = None) -> ToolResult:
-        """The agent's bash tool: cd and export carry over to the next command."""
+        """The agent's bash tool: cd and export carry over to the next command. timeout:
+        seconds, at most the environment's limits.timeout (its default)."""
         return self._tool("bash", command, timeout=timeout)
 
     def read_file(self, path: str) -> ToolResult:
@@ -310,30 +520,41 @@ class Episode(_Facts):
     def _tool(self, tool: str, argument: str, *, stdin: str | bytes = b"",
               timeout: float | None = None) -> ToolResult:
         sb = self._live()
-        argv = self._flow.argv(tool, argument)
-        if isinstance(argv, ToolResult):
-            return argv
-        return self._flow.record(tool, argument, sb.exec(argv, stdin=stdin, timeout=timeout),
-                                 sb.spec.output_limit)
+        call = self._flow.call(tool, argument, stdin, timeout)
+        if not isinstance(call, ToolResult):
+            call = self._flow.record(call, sb.exec(call.argv, stdin=call.stdin,
+                                                   timeout=call.timeout), sb.spec.output_limit)
+        if self.done:  # the budget ended it
+            self.close()
+        return call
 
     def give_up(self) -> Outcome:
-        """The honest way out: the episode ends now with the bottom reward."""
-        self._live()
-        self._flow.log.append(ExecRecord("give_up", "", None, False, False, 0.0))
-        self.close()
-        return self._flow.outcome(None, "gave_up")
-
-    def finish(self) -> Outcome:
-        """Kill, scan, copy, grade in a fresh sandbox; the Outcome."""
+        """The honest way out: the episode ends now with the bottom reward. Once it has
+        ended, the Outcome it ended with."""
         if self._flow.finished is not None:
             return self._flow.finished
+        self._live()
+        self.close()
+        return self._flow.give_up()
+
+    def finish(self) -> Outcome:
+        """Kill, scan, copy, grade in a fresh sandbox; the Outcome (the same one again once
+        the episode has ended)."""
+        flow = self._flow
+        if flow.finished is not None:
+            return flow.finished
         sb = self._live()
-        return self._flow.finish(sb.kill_all, sb.workspace_fd, self.close)
+        late = flow.out_of_time()
+        if late is not None:
+            self.close()
+            return late
+        return flow.finish(sb.kill_all, sb.workspace_fd, self.close)
 
     def close(self) -> None:
+        self._flow.running = False
         if self._sandbox is not None:
-            self._sandbox.close()
-            self._sandbox = None
+            sb, self._sandbox = self._sandbox, None
+            sb.close()
 
     def __enter__(self) -> "Episode":
         return self
@@ -344,8 +565,9 @@ class Episode(_Facts):
 
 @dataclass
 class _Slots:
-    """Per event loop: who may hold a sandbox, and the threads that finish episodes (as
-    many as may hold one, so grading is not capped by asyncio's default executor)."""
+    """Per event loop: who may hold a sandbox, and the threads that do an episode's
+    blocking work (the environment's methods at reset, custody and grading at finish: as
+    many as may hold a sandbox, so they are not capped by asyncio's default executor)."""
 
     semaphore: asyncio.Semaphore
     executor: ThreadPoolExecutor
@@ -371,32 +593,39 @@ def _loop_slots() -> _Slots:
     loop = asyncio.get_running_loop()
     if loop not in _slots:
         _slots[loop] = _Slots(asyncio.Semaphore(_concurrency), ThreadPoolExecutor(
-            _concurrency, thread_name_prefix="karotte-finish"))
+            _concurrency, thread_name_prefix="karotte-episode"))
     return _slots[loop]
+
+
+async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) in an episode thread: the loop goes on with other episodes meanwhile."""
+    return await asyncio.get_running_loop().run_in_executor(_loop_slots().executor, fn, *args)
 
 
 class AsyncEpisode(_Facts):
     """The asyncio face of Episode. At most set_concurrency() episodes per event loop hold
-    a sandbox at once; the others wait in reset()."""
+    a sandbox at once; the others wait in reset(). The blocking work (the environment's
+    methods, creating and destroying sandboxes, custody, grading) runs in threads, never
+    on the event loop."""
 
     def __init__(self, env: Environment | str, seed: int = 0, *,
-                 scan_limits: ScanLimits | None = None, key: bytes | str | None = None):
-        """key: the secret that turns seed into the environment's seed (karotte/seeding.py);
-        None takes the host's (KAROTTE_KEY, else its key file)."""
-        self._flow = _Flow(env, seed, scan_limits, key)
+                 scan_limits: ScanLimits | None = None, key: bytes | str | None = None,
+                 max_turns: int = DEFAULT_MAX_TURNS, max_seconds: float | None = None):
+        """As Episode."""
+        self._flow = _Flow(env, seed, scan_limits, key, max_turns, max_seconds)
         self._sandbox: AsyncSandbox | None = None
         self._slot: asyncio.Semaphore | None = None
 
     async def reset(self) -> str:
         flow = self._flow
+        flow.begin_reset()
         slot = _loop_slots().semaphore
         await slot.acquire()
         self._slot = slot
         t = time.monotonic()
         try:
-            prompt = flow.env.prompt(flow.env_seed)
+            prompt, setup = await _in_thread(flow.prepare)
             self._sandbox = await AsyncSandbox(flow.env.limits).start()
-            setup = flow.setup_command()
             if setup:
                 r = await self._sandbox.exec(setup[0], stdin=setup[1])
                 if r.exit_code != 0:
@@ -404,12 +633,11 @@ class AsyncEpisode(_Facts):
         except BaseException:
             await self.close()
             raise
-        flow.t_reset = time.monotonic() - t
+        flow.started(t)
         return prompt
 
     def _live(self) -> AsyncSandbox:
-        if self._sandbox is None or self._flow.finished is not None:
-            raise SandboxClosed("the episode is not running (call reset(); finish() ends it)")
+        self._flow.live()
         return self._sandbox
 
     async def exec(self, command: str, timeout: float | None = None) -> ToolResult:
@@ -424,30 +652,34 @@ class AsyncEpisode(_Facts):
     async def _tool(self, tool: str, argument: str, *, stdin: str | bytes = b"",
                     timeout: float | None = None) -> ToolResult:
         sb = self._live()
-        argv = self._flow.argv(tool, argument)
-        if isinstance(argv, ToolResult):
-            return argv
-        return self._flow.record(tool, argument,
-                                 await sb.exec(argv, stdin=stdin, timeout=timeout),
-                                 sb.spec.output_limit)
+        call = self._flow.call(tool, argument, stdin, timeout)
+        if not isinstance(call, ToolResult):
+            call = self._flow.record(call, await sb.exec(call.argv, stdin=call.stdin,
+                                                         timeout=call.timeout),
+                                     sb.spec.output_limit)
+        if self.done:  # the budget ended it
+            await self.close()
+        return call
 
     async def give_up(self) -> Outcome:
-        self._live()
-        self._flow.log.append(ExecRecord("give_up", "", None, False, False, 0.0))
-        await self.close()
-        return self._flow.outcome(None, "gave_up")
-
-    async def finish(self) -> Outcome:
         if self._flow.finished is not None:
             return self._flow.finished
+        self._live()
+        await self.close()
+        return self._flow.give_up()
+
+    async def finish(self) -> Outcome:
+        flow = self._flow
+        if flow.finished is not None:
+            return flow.finished
         sb = self._live()
-        outcome = await asyncio.get_running_loop().run_in_executor(
-            _loop_slots().executor, self._flow.finish, sb.kill_all_blocking, sb.workspace_fd,
-            sb.close_blocking)
+        outcome = flow.out_of_time() or await _in_thread(
+            flow.finish, sb.kill_all_blocking, sb.workspace_fd, sb.close_blocking)
         await self.close()
         return outcome
 
     async def close(self) -> None:
+        self._flow.running = False
         if self._sandbox is not None:
             sb, self._sandbox = self._sandbox, None
             await sb.close()

@@ -1013,8 +1013,11 @@ class AsyncSandbox(_Facts):
         self._started = False
 
     async def start(self) -> "AsyncSandbox":
+        """Create the sandbox. The blocking steps (the cgroup's files, the spawn, the id
+        maps, init's first reply) run in a worker thread: with a hundred sandboxes
+        starting at once they held the event loop for up to a second."""
         core = self._core
-        core.start()
+        await self._in_thread(core.start, lambda _: core.destroy())
         loop = asyncio.get_running_loop()
         ready = loop.create_future()
         fd = core.sock.fileno()
@@ -1029,29 +1032,56 @@ class AsyncSandbox(_Facts):
                     f"karotte-init did not get ready within {SETUP_TIMEOUT:.0f} s") from None
             raise
         loop.remove_reader(fd)
+        await self._in_thread(self._ready, lambda _: core.destroy())
+        self._started = True
+        return self
+
+    def _ready(self) -> None:
+        core = self._core
         try:
             reply, fds = core.recv_with_fds()
         except BaseException:
-            await loop.run_in_executor(None, core.destroy)
+            core.destroy()
             raise
         core.finish_start(reply, fds)
-        self._started = True
-        return self
+
+    @staticmethod
+    async def _in_thread(fn: Callable[[], object], undo: Callable[[object], None]) -> object:
+        """fn() in a worker thread: the event loop goes on meanwhile. If the caller is
+        cancelled, fn still runs to its end in its thread, and undo(its result) runs then,
+        in a worker thread too: a spawn or an exec that completes after its caller has gone
+        must not leave an init, a cgroup or a command behind."""
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(None, fn)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            def later(done: asyncio.Future) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    loop.run_in_executor(None, undo, done.result())
+            future.add_done_callback(later)
+            raise
 
     async def exec(self, argv: Sequence[str] | str, *, stdin: bytes | str = b"",
                    timeout: float | None = None, env: Mapping[str, str] | None = None,
                    cwd: str | None = None,
                    on_output: Callable[[int, bytes], None] | None = None) -> ExecResult:
-        """As Sandbox.exec; concurrent calls on one sandbox run one after another."""
+        """As Sandbox.exec; concurrent calls on one sandbox run one after another. The
+        request and the cgroup's counters are written and read in a worker thread."""
+        core = self._core
         async with self._lock:
-            op = self._core.begin_exec(argv, stdin, timeout, env, cwd, on_output)
+            op = await self._in_thread(
+                lambda: core.begin_exec(argv, stdin, timeout, env, cwd, on_output), self._stop)
             try:
                 await _drive_async(op)
             except BaseException:
-                op.abandon()
-                self._core.signal(op.id, signal.SIGKILL)
+                self._stop(op)
                 raise
-            return self._core.end_exec(op)
+            return await self._in_thread(lambda: core.end_exec(op), lambda _: None)
+
+    def _stop(self, op: _ExecOp) -> None:
+        op.abandon()
+        self._core.signal(op.id, signal.SIGKILL)
 
     async def kill_all(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._core.kill_all)

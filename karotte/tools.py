@@ -1,8 +1,8 @@
-"""The agent's tools for LLM clients: JSON schemas and one dispatcher.
+"""The agent's tools for LLM clients: JSON schemas and one dispatcher, for both faces.
 
-    from karotte.tools import openai_tools, anthropic_tools, call_tool
+    from karotte.tools import openai_tools, anthropic_tools, call_tool, acall_tool
 
-    tools = anthropic_tools()                 # or openai_tools() for OpenAI-compatible APIs
+    tools = anthropic_tools()                 # or openai_tools() / openai_tools("responses")
     with Episode(env, seed) as ep:
         messages = [{"role": "user", "content": ep.reset()}]
         while True:
@@ -17,13 +17,17 @@
             if ep.done:
                 break
         outcome = ep.finish()
+
+With an AsyncEpisode the loop is the same with ``await acall_tool(ep, name, arguments)``.
+What the model sees is the same from both: the checks of a call and the texts of its
+result are written once, here.
 """
 from __future__ import annotations
 
 import json
 from typing import Any, Mapping
 
-from .episode import Episode
+from .episode import AsyncEpisode, Episode, ToolResult
 
 TOOLS: tuple[dict[str, Any], ...] = (
     {
@@ -64,15 +68,28 @@ TOOLS: tuple[dict[str, Any], ...] = (
         "name": "give_up",
         "description": ("Stop working on the task because you cannot complete it. This ends "
                         "the episode at once; it is always better than pretending."),
-        "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+        "parameters": {"type": "object", "properties": {}, "required": [],
+                       "additionalProperties": False},
     },
 )
+# Every schema fits OpenAI's strict mode: each property required, no other property.
+# The Episode method each tool calls, with the required arguments in their order.
+_METHODS = {"bash": "exec", "read_file": "read_file", "write_file": "write_file",
+            "give_up": "give_up"}
 
 
-def openai_tools() -> list[dict[str, Any]]:
-    """The tools in the form OpenAI-compatible chat APIs take (`tools=`)."""
-    return [{"type": "function", "function": {"name": t["name"], "description": t["description"],
-                                              "parameters": t["parameters"]}} for t in TOOLS]
+def openai_tools(api: str = "chat") -> list[dict[str, Any]]:
+    """The tools in the form OpenAI's APIs take (`tools=`): api="chat" for Chat Completions
+    and OpenAI-compatible servers ({"type": "function", "function": {...}}), api="responses"
+    for the Responses API (flat FunctionToolParam, with strict=True)."""
+    if api == "chat":
+        return [{"type": "function", "function": {
+            "name": t["name"], "description": t["description"], "parameters": t["parameters"]}}
+            for t in TOOLS]
+    if api == "responses":
+        return [{"type": "function", "name": t["name"], "description": t["description"],
+                 "parameters": t["parameters"], "strict": True} for t in TOOLS]
+    raise ValueError(f"api must be 'chat' or 'responses', got {api!r}")
 
 
 def anthropic_tools() -> list[dict[str, Any]]:
@@ -84,7 +101,33 @@ def anthropic_tools() -> list[dict[str, Any]]:
 def call_tool(episode: Episode, name: str, arguments: Mapping[str, Any] | str) -> str:
     """Run one tool call of the model and return what the model should see. Bad calls
     (unknown tool, missing argument, a NUL byte or an over-long argument, a call after
-    the episode ended) come back as text, so the model can correct itself."""
+    the episode ended or past its budget) come back as text, so the model can correct
+    itself. For an AsyncEpisode: await acall_tool()."""
+    if isinstance(episode, AsyncEpisode):
+        raise TypeError("call_tool runs an Episode's tools; for an AsyncEpisode use "
+                        "`await acall_tool(ep, name, arguments)`")
+    step = _step(episode, name, arguments)
+    if isinstance(step, str):
+        return step
+    method, args = step
+    return _reply(name, getattr(episode, method)(*args))
+
+
+async def acall_tool(episode: AsyncEpisode, name: str, arguments: Mapping[str, Any] | str) -> str:
+    """call_tool for an AsyncEpisode: the same checks, the same texts."""
+    if not isinstance(episode, AsyncEpisode):
+        raise TypeError("acall_tool runs an AsyncEpisode's tools; for an Episode use "
+                        "call_tool(ep, name, arguments)")
+    step = _step(episode, name, arguments)
+    if isinstance(step, str):
+        return step
+    method, args = step
+    return _reply(name, await getattr(episode, method)(*args))
+
+
+def _step(episode: Episode | AsyncEpisode, name: str,
+          arguments: Mapping[str, Any] | str) -> str | tuple[str, tuple]:
+    """The episode's method to call and its arguments, or the text that answers a bad call."""
     if isinstance(arguments, str):  # OpenAI passes arguments as a JSON string
         try:
             arguments = json.loads(arguments or "{}")
@@ -96,20 +139,23 @@ def call_tool(episode: Episode, name: str, arguments: Mapping[str, Any] | str) -
     if spec is None:
         return f"error: there is no tool named {name!r}; the tools are " + ", ".join(
             t["name"] for t in TOOLS)
-    missing = [k for k in spec["parameters"].get("required", ()) if not isinstance(
-        arguments.get(k), str)]
+    missing = [k for k in spec["parameters"]["required"] if not isinstance(arguments.get(k), str)]
     if missing:
         return f"error: {name} needs the string argument(s) {', '.join(missing)}"
     if episode.done:  # e.g. give_up came first among parallel tool calls
         return f"error: the episode is over; {name} was not run"
-    if name == "bash":
-        result = episode.exec(arguments["command"])
-        return result.text + ("" if result.exit_code in (0, None) else
-                              f"\n[exit status {result.exit_code}]")
-    if name == "read_file":
-        return episode.read_file(arguments["path"]).text
-    if name == "write_file":
-        r = episode.write_file(arguments["path"], arguments["content"])
-        return "written" if r.exit_code == 0 else r.text
-    episode.give_up()
-    return "You gave up; the episode is over."
+    return _METHODS[name], tuple(arguments[k] for k in spec["parameters"]["required"])
+
+
+def _reply(name: str, result: ToolResult | Any) -> str:
+    """What the model sees of a call's result. Never empty: a model shown '' cannot tell
+    a silent success from a tool that did not answer."""
+    if name == "give_up":
+        return "You gave up; the episode is over."
+    if result.exit_code == 0 and name != "bash":
+        return "written" if name == "write_file" else result.text or "(the file is empty)"
+    if not result.text:
+        return f"(no output, exit status {result.exit_code})"
+    if name == "bash" and result.exit_code not in (0, None):
+        return result.text + f"\n[exit status {result.exit_code}]"
+    return result.text

@@ -880,7 +880,7 @@ def test_REC_BOUND_01_a_reported_path_is_cut_to_its_json_limit(no_leaks, dest):
         result = scan_and_copy(sb.workspace_fd, dest)
     (v,) = result.violations
     assert v.kind == "fifo"
-    assert len(json.dumps(v.path)) <= scan.PATH_TEXT_LIMIT
+    assert len(json.dumps(v.path)) <= 1024
     assert v.path.startswith("\u00e9" * 100 + "/" + "\u00e9" * 50)
     assert v.path.endswith(f"[karotte: cut, {31 * 101 + 4} characters in all]")
 

@@ -105,16 +105,9 @@ async def _play(env, seed: int, calls: Sequence[ToolCall] | None):
 
 
 def outcome_json(target: str, seed: int, outcome) -> dict:
-    return {
-        "env": target,
-        "seed": seed,
-        "reward": outcome.reward,
-        "reason": outcome.reason,
-        "violations": [{"path": v.path, "kind": v.kind, "rule": v.rule}
-                       for v in outcome.violations],
-        "infra_error": outcome.infra_error,
-        "timings": dataclasses.asdict(outcome.timings),
-    }
+    """One record of `karotte run --json`: Outcome.to_dict() (bounded, plain JSON), with
+    env as the command line named it."""
+    return {**outcome.to_dict(), "env": target, "seed": seed}
 
 
 def cmd_run(args: argparse.Namespace) -> int:
