@@ -2,7 +2,9 @@
 `karotte check` as soon as it is written. The files are in karotte/templates/env/."""
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -17,6 +19,15 @@ def create_env(name: str, where: Path) -> Path:
     package = name.replace("-", "_").lower()
     if package in ("karotte", "test", "tests"):
         raise ValueError(f"{name!r} would shadow a package it needs; pick another name")
+    # The project's package is imported by its name, from the current directory: one named
+    # like a standard-library module or an installed package would hide that one from
+    # everything that imports it (`karotte create-env json` broke every json import).
+    if package in sys.stdlib_module_names:
+        raise ValueError(f"{name!r} makes the package {package!r}, the name of a standard-library "
+                         "module it would hide; pick another name")
+    if importlib.util.find_spec(package) is not None:
+        raise ValueError(f"{name!r} makes the package {package!r}, the name of an installed "
+                         "package it would hide; pick another name")
     root = where / name
     if root.exists():
         raise FileExistsError(f"{root} already exists; pick another name or remove it")
