@@ -194,14 +194,16 @@ def _junk(name: str, q: str, prep: str) -> list[Attack]:
 
 
 INSIDE_SAMPLE = 4  # files attacked inside one directory deliverable
+INSIDE_LISTED = 10_000  # of the files listed to choose them from
 _inside_cache: dict[tuple[type, int], dict[str, tuple[str, ...]]] = {}
 
 
 def files_inside(env: Environment, seed: int) -> dict[str, tuple[str, ...]]:
     """For each deliverable that is a directory once the reference solution has run (a
-    package, a repository), the first INSIDE_SAMPLE regular files in it, by sorted
-    workspace-relative path. The reference is played once per process and seed, without
-    grading."""
+    package, a repository), the first INSIDE_SAMPLE regular files in it by sorted
+    workspace-relative path, those under no dot directory (.git/) first: the files that
+    the grader reads as the work. The reference is played once per process and seed,
+    without grading."""
     key = (type(env), seed)
     if key not in _inside_cache:
         found: dict[str, tuple[str, ...]] = {}
@@ -215,13 +217,13 @@ def files_inside(env: Environment, seed: int) -> dict[str, tuple[str, ...]]:
                 at = _q(_in_workspace(d))
                 listing = ep.exec(f"cd /workspace && [ -d {at} ] && [ ! -L {at} ] && "
                                   f"find {_q(d.strip('/'))} -name __pycache__ -prune -o "
-                                  f"-type f -print0 | sort -z "
-                                  f"| head -z -n {INSIDE_SAMPLE}").text
+                                  f"-type f -print0 | head -z -n {INSIDE_LISTED}").text
                 # A name that is not text would be attacked under a mangled path.
-                names = [n for n in listing.split("\0") if n and "\ufffd" not in n
-                         and "\n" not in n]
+                names = sorted((n for n in listing.split("\0") if n and "\ufffd" not in n
+                                and "\n" not in n),
+                               key=lambda n: (any(p.startswith(".") for p in n.split("/")), n))
                 if names:
-                    found[d] = tuple(names)
+                    found[d] = tuple(names[:INSIDE_SAMPLE])
         _inside_cache[key] = found
     return _inside_cache[key]
 

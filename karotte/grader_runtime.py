@@ -248,6 +248,33 @@ class GradeContext:
                            reply_limit=3 * output_limit + REPLY_SLACK)
         return decode_result(reply["result"])
 
+    def git(self, args: Sequence[str], *, repo: str = ".", timeout: float = 30.0,
+            memory: int = 256 * MiB, output_limit: int = 1 * MiB) -> ExecResult:
+        """git ARGS on the repository at /submission/REPO, in a sandbox of its own as
+        ctx.run's, with none of the repository's own configuration.
+
+        The agent owns the repository's .git: its config can name programs that git runs
+        (core.fsmonitor, hooks, core.hooksPath, filter and diff drivers, a pager, gpg), and
+        safe.directory, which would let git read that config, is not set (D13). git here
+        gets a git dir of the grader's making, at /tests/git: the repository's HEAD,
+        refs, packed-refs, index and shallow copied as data, a config that names nothing,
+        no hooks, and the repository's objects read through an alternate. For commands
+        that read (log, diff, show, status, rev-parse, ls-files): the run is read-only."""
+        _check_path(repo, "repo", absolute=False)
+        dot_git = self.submission / repo / ".git"
+        if dot_git.is_symlink() or not dot_git.is_dir():
+            raise GraderError(f"{repo} is not a git repository with a .git directory")
+        worktree = posixpath.normpath(f"{WORKSPACE}/{repo}")
+        files = _git_state(dot_git)
+        files["git/objects/info/alternates"] = f"{worktree}/.git/objects\n".encode()
+        return self.run(["/usr/bin/git", *args], files=files, cwd=worktree, timeout=timeout,
+                        memory=memory, output_limit=output_limit, env={
+                            "GIT_DIR": f"{RUN_FILES}/git", "GIT_WORK_TREE": worktree,
+                            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
+                            "GIT_ATTR_NOSYSTEM": "1", "GIT_NO_REPLACE_OBJECTS": "1",
+                            "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0",
+                            "GIT_PAGER": "cat"})
+
     def compare_speed(self, candidate: Sequence[str], baseline: Sequence[str],
                       inputs: Sequence[bytes], *, expected: Sequence[bytes | str] | None = None,
                       check: Callable[[int, bytes], bool] | None = None,
@@ -329,6 +356,26 @@ class GradeContext:
         if "error" in reply:
             raise GraderError(reply["error"])
         return reply
+
+
+def _git_state(dot_git: Path) -> dict[str, bytes]:
+    """What ctx.git copies of a repository's .git, as the files of a run: the data that
+    says which commits are whose, and nothing that names a program to run. The object
+    format is kept from the config (a sha256 repository reads only as one)."""
+    files = {"git/refs/.keep": b""}  # git wants refs/, which is empty when all are packed
+    for name in ("HEAD", "packed-refs", "index", "shallow", "info/exclude"):
+        if (dot_git / name).is_file():
+            files[f"git/{name}"] = (dot_git / name).read_bytes()
+    for root, _, names in os.walk(dot_git / "refs"):
+        for name in names:
+            path = Path(root) / name
+            files[f"git/{path.relative_to(dot_git)}"] = path.read_bytes()
+    config = (dot_git / "config").read_bytes() if (dot_git / "config").is_file() else b""
+    sha256 = re.search(rb"(?im)^\s*objectformat\s*=\s*sha256\s*$", config) is not None
+    files["git/config"] = (b"[core]\n\trepositoryformatversion = 1\n\tbare = false\n"
+                           b"[extensions]\n\tobjectformat = sha256\n" if sha256 else
+                           b"[core]\n\trepositoryformatversion = 0\n\tbare = false\n")
+    return files
 
 
 def _refuse_repeated(inputs: Sequence[bytes]) -> None:
