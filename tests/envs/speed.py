@@ -112,3 +112,46 @@ class PrimeCount(Environment):
 
     def reference_solution(self, seed):
         return [f"cat > fast.py <<'EOF'\n{FAST}EOF"]
+
+
+class TimesWhatItSawBefore(Environment):
+    """The speedup example's task, graded as a grader that reuses inputs would: it times
+    the solution on inputs it timed once already, so every counted run of the solution
+    meets an input a run of it saw before (LINK-CACHE-01's control: the old repeats)."""
+
+    deliverables = ("solution.py",)
+    limits = SandboxSpec(memory=1024 * MiB, timeout=120)
+    reward_range = (0.0, 100.0)
+    deep = True
+
+    @staticmethod
+    def task():
+        # The trainer's side only: the grading sandbox has Karotte's runtime, not its examples.
+        from karotte.examples.speedup import Speedup
+        return Speedup()
+
+    def prompt(self, seed):
+        return self.task().prompt(seed)
+
+    def workspace_files(self, seed):
+        return self.task().workspace_files(seed)
+
+    def hidden_files(self, seed):
+        return self.task().hidden_files(seed)
+
+    def grade(self, ctx):
+        expected = json.loads((ctx.hidden / "expected.json").read_text())["check"]
+        inputs = [(ctx.hidden / "inputs" / "check" / f"{i}.in").read_bytes()
+                  for i in range(len(expected))]
+        runs = [ctx.compare_speed([PYTHON, "-I", "/workspace/solution.py"],
+                                  [PYTHON, "-I", "-c", (ctx.hidden / "baseline.py").read_text()],
+                                  inputs, expected=[str(e) for e in expected], timeout=10,
+                                  memory=256 * MiB) for _ in range(2)]
+        counted = runs[1]
+        details = {"speedup": counted.speedup, "failures": list(counted.failures)}
+        if not all(r.ok for r in runs) or counted.speedup < 1.5:
+            return Grade(0.0, details)
+        return Grade(min(counted.speedup, 100.0), details)
+
+    def reference_solution(self, seed):
+        return self.task().reference_solution(seed)
