@@ -65,6 +65,12 @@ def test_a_plain_git_in_the_grader_refuses_the_agents_repository(no_leaks):
     assert "detected dubious ownership" in outcome.details["plain_git"]
 
 
+def test_a_git_given_the_agents_own_git_dir_runs_the_programs_its_config_names(no_leaks):
+    # Why ctx.git makes a git dir of its own: with --git-dir, git checks no ownership and
+    # honours the agent's config (here core.fsmonitor, filter drivers).
+    assert play(PLANTED).details["git_dir_of_the_agent_ran_its_code"] is True
+
+
 def test_ENV_BUILD_01_the_agents_repository_config_and_hooks_run_nothing_in_the_grader(
         no_leaks):
     outcome = play(PLANTED)

@@ -58,12 +58,16 @@ class CommitTheFix(Environment):
                 for name, r in runs.items()}
         plain = subprocess.run(["/usr/bin/git", "-C", str(ctx.submission / "repo"), "log"],
                                capture_output=True, text=True)
+        # What a grader that hands git the agent's own git dir gets (in a nested run).
+        naive = ctx.run(["/usr/bin/git", "--git-dir=/workspace/repo/.git",
+                         "--work-tree=/workspace/repo", "status", "--porcelain"], timeout=30)
         done = (runs["log"].stdout.splitlines()[-1:] == [b"add, with a bug"]
                 and len(runs["log"].stdout.splitlines()) == 2
                 and b"return a + b" in runs["show"].stdout
                 and runs["status"].exit_code == 0 and runs["status"].stdout == b"")
-        return Grade(1.0 if done else 0.0, {"said": said, "ran_agent_code": MARK in str(said),
-                                            "plain_git": plain.stderr[-500:]})
+        return Grade(1.0 if done else 0.0, {
+            "said": said, "ran_agent_code": MARK in str(said), "plain_git": plain.stderr[-500:],
+            "git_dir_of_the_agent_ran_its_code": MARK in str(naive.stdout + naive.stderr)})
 
     def reference_solution(self, seed):
         return ["cd repo && sed -i 's/a - b/a + b/' calc.py && git -c user.name=agent "
