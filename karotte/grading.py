@@ -363,7 +363,8 @@ def _report(final: dict | None, grader: ExecResult, runs: int) -> GradeReport:
     if op == "crashed":
         # The traceback the grader sent over its channel goes last, so that the tail of the
         # log is what went wrong, whatever a process of the grader's printed after it.
-        reported = f"[karotte: the grader's traceback, as it reported it]\n{final.get('traceback', '')}"
+        reported = ("[karotte: the grader's traceback, as it reported it]\n"
+                    f"{final.get('traceback', '')}")
         return GradeReport(None, "grader_crashed", log=f"{log}\n{reported}" if log else reported,
                            runs=runs)
     if op != "done":
