@@ -121,13 +121,13 @@ def check_path(path: object, what: str) -> str:
     naming the mistake: not a str, empty, absolute, with '.', '..' or an empty component,
     ending in '/', with a NUL byte."""
     if not isinstance(path, str):
-        raise TypeError(f"{what} must be a str path relative to the workspace, got "
+        raise TypeError(f"{what} must be a relative path as a str, got "
                         f"{type(path).__name__} {path!r}")
     if "\0" in path:
         raise ValueError(f"{what} {path!r} contains a NUL byte")
     if not path or path.startswith("/"):
         raise ValueError(f"{what} {path!r} must be a relative path (say 'data/input.txt' for "
-                         "/workspace/data/input.txt), not empty or absolute")
+                         "data/input.txt under /workspace, or /hidden), not empty or absolute")
     if path.endswith("/"):
         raise ValueError(f"{what} {path!r} ends in '/': name a file; a directory is made for "
                          "the files in it")

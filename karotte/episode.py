@@ -137,7 +137,7 @@ class Outcome:
         }
 
 
-def _render(result: ExecResult, limit: int) -> str:
+def _render(result: ExecResult, limit: int, timeout: float) -> str:
     text = result.stdout.decode("utf-8", errors="replace")
     if result.stdout_truncated:
         text += TRUNCATED.format(limit=limit, stream="stdout")
@@ -147,7 +147,7 @@ def _render(result: ExecResult, limit: int) -> str:
     if err:
         text += err
     if result.timed_out:
-        text += "\n[karotte: the command timed out and was killed]\n"
+        text += f"\n[karotte: the command timed out after {timeout:g} s and was killed]\n"
     elif result.signal is not None:
         text += f"\n[karotte: the command was killed by signal {result.signal}]\n"
     if result.oom_killed:
@@ -325,16 +325,18 @@ class _Flow:
         return self.refuse(tool, argument, f"{why}; nothing was run")
 
     def _timeout(self, timeout: object) -> float:
+        """The command's time limit: the trainer's timeout, cut to the environment's
+        limits.timeout. A trainer may lower the author's limit, never raise it, and one
+        trainer's timeout works with every environment."""
         limit = self.env.limits.timeout
         if timeout is None:
             return limit
         if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
             raise TypeError(f"timeout must be seconds (a number), got {type(timeout).__name__}")
-        if not 0 < timeout <= limit:
-            raise ValueError(f"timeout must be positive seconds up to the environment's limit of "
-                             f"{limit:g} s ({type(self.env).__name__}.limits.timeout), got "
-                             f"{timeout!r}")
-        return float(timeout)
+        if not 0 < timeout < math.inf:
+            raise ValueError(f"timeout must be positive finite seconds (None: the environment's "
+                             f"limit of {limit:g} s), got {timeout!r}")
+        return min(float(timeout), limit)
 
     def budget_note(self) -> str:
         if self.turns > self.max_turns:
@@ -356,7 +358,7 @@ class _Flow:
         self.log.append(ExecRecord(call.tool, capped(call.argument, ARGUMENT_LOG_LIMIT),
                                    result.exit_code, result.timed_out, truncated,
                                    result.wall_seconds))
-        text = _render(result, limit)
+        text = _render(result, limit, call.timeout)
         if result.timed_out and call.cut_by_budget:
             self.outcome(None, "budget_exhausted")
             text += f"[karotte: {self.budget_note()}; the episode is over]\n"
@@ -506,7 +508,7 @@ class Episode(_Facts):
 
     def exec(self, command: str, timeout: float | None = None) -> ToolResult:
         """The agent's bash tool: cd and export carry over to the next command. timeout:
-        seconds, at most the environment's limits.timeout (its default)."""
+        seconds, cut to the environment's limits.timeout (also its default)."""
         return self._tool("bash", command, timeout=timeout)
 
     def read_file(self, path: str) -> ToolResult:

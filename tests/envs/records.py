@@ -2,6 +2,7 @@
 from fractions import Fraction
 
 from karotte.environment import Grade
+from karotte.spec import MiB, SandboxSpec
 
 from .basic import Addition
 
@@ -28,3 +29,9 @@ class NoisyGrader(Addition):
         sys.stderr.buffer.write(b"\xff" * 1_000_000)
         sys.stderr.flush()
         return 0.0
+
+
+class OneSecondCommands(Addition):
+    """Its author gives each command one second."""
+
+    limits = SandboxSpec(memory=256 * MiB, timeout=1.0)
