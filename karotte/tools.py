@@ -25,7 +25,8 @@ result are written once, here.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from functools import partial
+from typing import Any, Callable, Mapping
 
 from .episode import AsyncEpisode, Episode, ToolResult
 
@@ -98,36 +99,35 @@ def anthropic_tools() -> list[dict[str, Any]]:
              "input_schema": t["parameters"]} for t in TOOLS]
 
 
+_WRONG_FACE = {
+    Episode: "call_tool runs an Episode's tools; for an AsyncEpisode use "
+             "`await acall_tool(ep, name, arguments)`",
+    AsyncEpisode: "acall_tool runs an AsyncEpisode's tools; for an Episode use "
+                  "call_tool(ep, name, arguments)",
+}
+
+
 def call_tool(episode: Episode, name: str, arguments: Mapping[str, Any] | str) -> str:
     """Run one tool call of the model and return what the model should see. Bad calls
     (unknown tool, missing argument, a NUL byte or an over-long argument, a call after
     the episode ended or past its budget) come back as text, so the model can correct
     itself. For an AsyncEpisode: await acall_tool()."""
-    if isinstance(episode, AsyncEpisode):
-        raise TypeError("call_tool runs an Episode's tools; for an AsyncEpisode use "
-                        "`await acall_tool(ep, name, arguments)`")
-    step = _step(episode, name, arguments)
-    if isinstance(step, str):
-        return step
-    method, args = step
-    return _reply(name, getattr(episode, method)(*args))
+    step = _step(episode, Episode, name, arguments)
+    return step if isinstance(step, str) else _reply(name, step())
 
 
 async def acall_tool(episode: AsyncEpisode, name: str, arguments: Mapping[str, Any] | str) -> str:
     """call_tool for an AsyncEpisode: the same checks, the same texts."""
-    if not isinstance(episode, AsyncEpisode):
-        raise TypeError("acall_tool runs an AsyncEpisode's tools; for an Episode use "
-                        "call_tool(ep, name, arguments)")
-    step = _step(episode, name, arguments)
-    if isinstance(step, str):
-        return step
-    method, args = step
-    return _reply(name, await getattr(episode, method)(*args))
+    step = _step(episode, AsyncEpisode, name, arguments)
+    return step if isinstance(step, str) else _reply(name, await step())
 
 
-def _step(episode: Episode | AsyncEpisode, name: str,
-          arguments: Mapping[str, Any] | str) -> str | tuple[str, tuple]:
-    """The episode's method to call and its arguments, or the text that answers a bad call."""
+def _step(episode: Episode | AsyncEpisode, face: type, name: str,
+          arguments: Mapping[str, Any] | str) -> str | Callable[[], Any]:
+    """The call of the episode's method that runs the tool, or the text that answers a bad
+    call."""
+    if not isinstance(episode, face):
+        raise TypeError(_WRONG_FACE[face] + f" (got {type(episode).__name__})")
     if isinstance(arguments, str):  # OpenAI passes arguments as a JSON string
         try:
             arguments = json.loads(arguments or "{}")
@@ -144,7 +144,8 @@ def _step(episode: Episode | AsyncEpisode, name: str,
         return f"error: {name} needs the string argument(s) {', '.join(missing)}"
     if episode.done:  # e.g. give_up came first among parallel tool calls
         return f"error: the episode is over; {name} was not run"
-    return _METHODS[name], tuple(arguments[k] for k in spec["parameters"]["required"])
+    return partial(getattr(episode, _METHODS[name]),
+                   *(arguments[k] for k in spec["parameters"]["required"]))
 
 
 def _reply(name: str, result: ToolResult | Any) -> str:
