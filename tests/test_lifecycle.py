@@ -203,8 +203,22 @@ def wait_for_lines(path: Path, count: int, proc: subprocess.Popen, timeout: floa
     raise AssertionError(f"fewer than {count} records in {path} (exit status {proc.poll()})")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP],
-                         ids=["SIGTERM", "SIGINT", "SIGHUP"])
+def end_by_signal(proc: subprocess.Popen, sig: int, ready) -> tuple[str, str]:
+    """Once ready() has returned, send sig and wait for proc's end (stdout, stderr)."""
+    try:
+        ready()
+        proc.send_signal(sig)
+        return proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+each_signal = pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP],
+                                      ids=["SIGTERM", "SIGINT", "SIGHUP"])
+
+
+@each_signal
 def test_karotte_run_ended_by_a_signal_prints_the_summary_exits_128_plus_it_and_leaves_nothing(
         tmp_path, sig):
     out = tmp_path / "out.jsonl"
@@ -212,13 +226,7 @@ def test_karotte_run_ended_by_a_signal_prints_the_summary_exits_128_plus_it_and_
         [sys.executable, "-m", "karotte.cli.main", "run", "envs.basic:Addition", "-n", "400",
          "--concurrency", "16", "--out", str(out)],
         cwd=TESTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for_lines(out, 3, run)
-        run.send_signal(sig)
-        stdout, stderr = run.communicate(timeout=120)
-    finally:
-        run.kill()
-        run.wait()
+    stdout, stderr = end_by_signal(run, sig, lambda: wait_for_lines(out, 3, run))
     assert run.returncode == 128 + sig, stderr
     assert "Traceback" not in stderr
     assert f"karotte run: stopped by {sig.name}" in stderr
@@ -228,20 +236,17 @@ def test_karotte_run_ended_by_a_signal_prints_the_summary_exits_128_plus_it_and_
     assert_nothing_left(run.pid)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP],
-                         ids=["SIGTERM", "SIGINT", "SIGHUP"])
+@each_signal
 def test_karotte_sandbox_exec_ended_by_a_signal_exits_128_plus_it_and_leaves_nothing(sig):
     run = subprocess.Popen(
         [sys.executable, "-m", "karotte.cli.sandbox", "exec", "--", "sh", "-c",
          "echo started; sleep 1000 & sleep 1000"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+
+    def started() -> None:
         assert run.stdout.readline() == "started\n"
-        run.send_signal(sig)
-        _, stderr = run.communicate(timeout=60)
-    finally:
-        run.kill()
-        run.wait()
+
+    _, stderr = end_by_signal(run, sig, started)
     assert run.returncode == 128 + sig, stderr
     assert stderr == f"karotte-sandbox: stopped by {sig.name}\n"
     assert_nothing_left(run.pid)
@@ -250,14 +255,12 @@ def test_karotte_sandbox_exec_ended_by_a_signal_exits_128_plus_it_and_leaves_not
 def test_karotte_check_ended_by_sigterm_exits_143_and_leaves_nothing():
     run = subprocess.Popen([sys.executable, "-m", "karotte.cli.main", "check", "envs.basic:Addition"],
                            cwd=TESTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        time.sleep(3)  # the battery runs for much longer: episodes and hidden files in flight
+
+    def in_flight() -> None:  # the battery runs far longer: episodes and hidden files live
+        time.sleep(3)
         assert run.poll() is None, run.communicate()
-        run.send_signal(signal.SIGTERM)
-        _, stderr = run.communicate(timeout=120)
-    finally:
-        run.kill()
-        run.wait()
+
+    _, stderr = end_by_signal(run, signal.SIGTERM, in_flight)
     assert run.returncode == 128 + signal.SIGTERM, stderr
     assert "Traceback" not in stderr and "karotte check: stopped by SIGTERM" in stderr
     assert_nothing_left(run.pid)
@@ -266,14 +269,12 @@ def test_karotte_check_ended_by_sigterm_exits_143_and_leaves_nothing():
 def test_a_trainer_with_the_signal_handlers_installed_leaves_nothing_after_sigterm():
     trainer = subprocess.Popen([sys.executable, "-c", TRAINER_WITH_HANDLERS, str(TESTS)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+
+    def graded() -> None:
         for _ in range(3):
             assert trainer.stdout.readline() == "graded\n"
-        trainer.send_signal(signal.SIGTERM)
-        _, stderr = trainer.communicate(timeout=120)
-    finally:
-        trainer.kill()
-        trainer.wait()
+
+    _, stderr = end_by_signal(trainer, signal.SIGTERM, graded)
     assert trainer.returncode == 128 + signal.SIGTERM, stderr
     assert_nothing_left(trainer.pid)
 
@@ -329,6 +330,32 @@ for sb in kept:
     _, stderr = trainer.communicate(timeout=120)
     assert trainer.returncode == 0, stderr
     assert stderr == ""
+    assert_nothing_left(trainer.pid)
+
+
+def test_a_trainer_that_turns_sigterm_into_its_own_exception_leaves_nothing():
+    # Not the documented handlers: the atexit net alone removes the sandboxes it holds and
+    # the private directory of hidden answers it made.
+    code = """
+import signal, sys, time
+from karotte.grading import private_dir
+from karotte.sandbox import Sandbox
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+kept = [Sandbox() for _ in range(4)]
+for sb in kept:
+    sb.exec("sleep 1000 &")
+open(private_dir("hidden") + "/expected.txt", "w").write("42")
+print("ready", flush=True)
+time.sleep(1000)
+"""
+    trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+
+    def ready() -> None:
+        assert trainer.stdout.readline() == "ready\n"
+
+    _, stderr = end_by_signal(trainer, signal.SIGTERM, ready)
+    assert trainer.returncode == 1, stderr
     assert_nothing_left(trainer.pid)
 
 
