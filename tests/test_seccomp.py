@@ -10,6 +10,7 @@ checked by a small classic-BPF interpreter instead.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import platform
 import re
@@ -26,15 +27,21 @@ from karotte.errors import KarotteError
 from karotte.seccomp import (
     ARCHES,
     DEFAULT_POLICY,
+    REVIEWED_THROUGH,
     SYSCALL_NUMBERS,
+    UNASSIGNED,
+    Allow,
     ArgHasAnyBit,
     ArgIn,
     ArgNotIn,
+    Deny,
     Policy,
-    Rule,
     SeccompError,
     compile_policy,
 )
+from karotte.sandbox import Sandbox
+
+from conftest import SYSCALL_PROBE, needs_sandbox, py
 
 HELPERS = Path(__file__).resolve().parent / "helpers"
 MACHINE = platform.machine()
@@ -46,6 +53,7 @@ KILL_PROCESS = 0x80000000
 ALLOW = 0x7FFF0000
 ERRNO_EPERM = 0x00050001
 ERRNO_ENOSYS = 0x00050026
+ERRNO_EOPNOTSUPP = 0x0005005F
 NO_OP = 0x00050000  # SECCOMP_RET_ERRNO with errno 0: the call returns 0
 BPF_MAXINSNS = 4096
 
@@ -272,17 +280,17 @@ def test_i386_syscall_through_int80_kills_the_process(filtered, unfiltered):
     assert filtered["i386_getpid"] == "killed:SIGSYS"
 
 
-def _unconditional_rules():
+def _unconditional_denies():
     arch = MACHINE if MACHINE in ARCHES else "x86_64"
-    for rule in DEFAULT_POLICY.rules:
-        if rule.when is None:
-            for name in rule.syscalls:
+    for entry in DEFAULT_POLICY.entries:
+        if isinstance(entry, Deny) and entry.when is None:
+            for name in entry.syscalls:
                 if SYSCALL_NUMBERS[name][arch] is not None:
-                    yield pytest.param(name, rule.errno, id=name)
+                    yield pytest.param(name, entry.errno, id=name)
 
 
-@pytest.mark.parametrize(("syscall", "errno_value"), list(_unconditional_rules()))
-def test_every_unconditionally_denied_syscall_fails_with_its_rules_errno(
+@pytest.mark.parametrize(("syscall", "errno_value"), list(_unconditional_denies()))
+def test_every_unconditionally_denied_syscall_fails_with_its_entrys_errno(
         filtered, syscall, errno_value):
     # The probe named after the syscall calls it; a missing probe shows as UNKNOWN.
     assert filtered.get(syscall, "UNKNOWN") == errno.errorcode[errno_value]
@@ -319,8 +327,11 @@ def test_denied_probes_reach_the_kernel_when_no_filter_is_loaded(filtered, unfil
     if os.geteuid() != 0:
         pytest.skip("as non-root the host itself answers EPERM to several of these probes")
     denied = {name for name, result in filtered.items() if result in ("EPERM", "ENOSYS")}
+    # Where the kernel has no such call (a sys_ni_syscall slot of the table), both answer
+    # ENOSYS; test_SYS_UNREVIEWED_01_a_policy_reviewed_for_an_older_kernel_denies_what_came_since
+    # shows the filter's ENOSYS on calls that the kernel does have.
     same = {name: unfiltered[name] for name in denied - _denied_by_host_settings()
-            if unfiltered[name] == filtered[name]}
+            if unfiltered[name] == filtered[name] != "ENOSYS"}
     assert same == {}, f"these probes give the same answer without the filter: {same}"
 
 
@@ -387,7 +398,7 @@ def test_python_with_threads_subprocesses_and_sockets_runs_under_the_filter(
 
 # --- The compiled program -------------------------------------------------------------------
 
-_LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
+_LD_W_ABS, _JA, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x05, 0x15, 0x35, 0x45, 0x06
 _SECCOMP_DATA_SIZE = 64
 
 
@@ -405,6 +416,8 @@ def _check_structure(program: bytes) -> None:
             assert k % 4 == 0 and k + 4 <= _SECCOMP_DATA_SIZE, f"load at {pc}: offset {k}"
         elif code in (_JEQ_K, _JGE_K, _JSET_K):
             assert pc + 1 + max(jt, jf) < len(insns), f"jump at {pc} leaves the program"
+        elif code == _JA:
+            assert pc + 1 + k < len(insns), f"ja at {pc} leaves the program"
         else:
             assert code == _RET_K, f"unexpected opcode {code:#x} at {pc}"
     # Jumps only go forward, so ending in a return means every path returns.
@@ -424,6 +437,8 @@ def _run(program: bytes, nr: int, arch: int, args: tuple[int, ...] = ()) -> int:
             pc += 1
         elif code == _RET_K:
             return k
+        elif code == _JA:
+            pc += 1 + k
         else:
             taken = {_JEQ_K: acc == k, _JGE_K: acc >= k, _JSET_K: bool(acc & k)}[code]
             pc += 1 + (jt if taken else jf)
@@ -491,7 +506,8 @@ def test_unsupported_arch_is_a_clear_error():
 
 
 def test_syscall_missing_on_an_arch_is_skipped_there():
-    policy = Policy(rules=(Rule("ioperm", reason="x86 port I/O"),))
+    policy = Policy(entries=(Deny("ioperm", reason="x86 port I/O"),
+                             Allow("getppid", reason="a harmless query")))
     # aarch64 has no ioperm; its number on x86_64 (173) is getppid on aarch64.
     assert _run(compile_policy(policy, arch="aarch64"), 173, AUDIT_ARCH_AARCH64) == ALLOW
     assert _run(compile_policy(policy, arch="x86_64"), 173, AUDIT_ARCH_X86_64) == ERRNO_EPERM
@@ -501,17 +517,18 @@ def test_syscall_missing_on_an_arch_is_skipped_there():
 
 def test_bogus_syscall_name_is_a_clear_error():
     with pytest.raises(SeccompError, match=r"unknown syscall 'frobnicate'.*_TABLE"):
-        Policy(rules=(Rule("frobnicate", reason="no such thing"),))
+        Policy(entries=(Deny("frobnicate", reason="no such thing"),))
 
 
-def test_syscall_named_by_two_rules_is_rejected():
-    with pytest.raises(SeccompError, match="more than one rule"):
-        Policy(rules=(Rule("ptrace", reason="a"), Rule(("bpf", "ptrace"), reason="b")))
+def test_syscall_named_by_two_entries_is_rejected():
+    with pytest.raises(SeccompError, match="more than one entry"):
+        Policy(entries=(Deny("ptrace", reason="a"), Allow(("bpf", "ptrace"), reason="b")))
 
 
-def test_rule_without_a_reason_is_rejected():
+@pytest.mark.parametrize("kind", [Allow, Deny])
+def test_entry_without_a_reason_is_rejected(kind):
     with pytest.raises(SeccompError, match="needs a reason"):
-        Rule("ptrace", reason=" ")
+        kind("ptrace", reason=" ")
 
 
 def test_compared_value_beyond_32_bits_is_rejected():
@@ -522,7 +539,7 @@ def test_compared_value_beyond_32_bits_is_rejected():
 
 def test_largest_condition_still_compiles_with_in_range_jumps():
     values = tuple(range(0x5400, 0x5440))
-    policy = Policy(rules=(Rule("ioctl", reason="many", when=ArgIn(1, values)),))
+    policy = Policy(entries=(Deny("ioctl", reason="many", when=ArgIn(1, values)),))
     program = compile_policy(policy, arch="x86_64")
     _check_structure(program)
     assert _run(program, 16, AUDIT_ARCH_X86_64, (0, values[0])) == ERRNO_EPERM
@@ -534,8 +551,8 @@ def test_largest_condition_still_compiles_with_in_range_jumps():
 
 def test_conditions_on_two_arguments_must_both_hold():
     # setsockopt(fd, level, optname): only SOL_SOCKET (1) with SO_ATTACH_FILTER (26).
-    policy = Policy(rules=(Rule("setsockopt", reason="two arguments",
-                                when=(ArgIn(1, (1,)), ArgIn(2, (26, 51)))),))
+    policy = Policy(entries=(Deny("setsockopt", reason="two arguments",
+                                  when=(ArgIn(1, (1,)), ArgIn(2, (26, 51)))),))
     program = compile_policy(policy, arch="x86_64")
     _check_structure(program)
     x86 = AUDIT_ARCH_X86_64
@@ -548,7 +565,7 @@ def test_conditions_on_two_arguments_must_both_hold():
 
 def test_every_kind_of_condition_combines_with_the_others():
     # All three kinds in one rule, each one failing in turn.
-    policy = Policy(rules=(Rule("clone", reason="combined", when=(
+    policy = Policy(entries=(Deny("clone", reason="combined", when=(
         ArgHasAnyBit(0, 0x10), ArgNotIn(1, (7, 8)), ArgIn(2, (5, 6)))),))
     program = compile_policy(policy, arch="x86_64")
     _check_structure(program)
@@ -560,7 +577,7 @@ def test_every_kind_of_condition_combines_with_the_others():
 
 
 def test_errno_0_makes_the_call_a_no_op_that_returns_0():
-    policy = Policy(rules=(Rule("fadvise64", errno=0, reason="advice", when=ArgIn(3, (4,))),))
+    policy = Policy(entries=(Deny("fadvise64", errno=0, reason="advice", when=ArgIn(3, (4,))),))
     program = compile_policy(policy, arch="x86_64")
     assert _run(program, 221, AUDIT_ARCH_X86_64, (3, 0, 0, 4)) == NO_OP
     assert _run(program, 221, AUDIT_ARCH_X86_64, (3, 0, 0, 3)) == ALLOW
@@ -568,18 +585,19 @@ def test_errno_0_makes_the_call_a_no_op_that_returns_0():
 
 def test_two_conditions_on_one_argument_are_rejected():
     with pytest.raises(SeccompError, match="two conditions on one argument"):
-        Rule("ioctl", reason="x", when=(ArgIn(1, (1,)), ArgNotIn(1, (2,))))
+        Deny("ioctl", reason="x", when=(ArgIn(1, (1,)), ArgNotIn(1, (2,))))
     with pytest.raises(SeccompError, match="non-empty tuple"):
-        Rule("ioctl", reason="x", when=())
+        Deny("ioctl", reason="x", when=())
 
 
-def test_a_rule_compares_at_most_64_values_over_all_its_conditions():
+def test_a_deny_compares_at_most_64_values_over_all_its_conditions():
     with pytest.raises(SeccompError, match="compares 65 values"):
-        Rule("ioctl", reason="x", when=(ArgIn(0, (1,)), ArgIn(1, tuple(range(64)))))
+        Deny("ioctl", reason="x", when=(ArgIn(0, (1,)), ArgIn(1, tuple(range(64)))))
 
 
-def test_default_policy_names_every_syscall_the_issue_requires():
-    named = {name for rule in DEFAULT_POLICY.rules for name in rule.syscalls}
+def test_default_policy_denies_every_syscall_the_issue_requires():
+    named = {name for entry in DEFAULT_POLICY.entries if isinstance(entry, Deny)
+             for name in entry.syscalls}
     required = {
         "ptrace", "process_vm_readv", "process_vm_writev", "perf_event_open", "bpf",
         "userfaultfd", "keyctl", "add_key", "request_key", "io_uring_setup", "io_uring_enter",
@@ -590,21 +608,30 @@ def test_default_policy_names_every_syscall_the_issue_requires():
         "quotactl_fd", "open_by_handle_at", "name_to_handle_at", "lookup_dcookie", "vhangup",
         "nfsservctl", "iopl", "ioperm", "clock_settime", "settimeofday", "adjtimex",
         "clock_adjtime", "fanotify_init", "clone3", "clone", "ioctl", "socket", "socketpair",
-        "personality", "seccomp", "prctl", "setsockopt", "fadvise64",
+        "personality", "seccomp", "prctl", "setsockopt", "fadvise64", "memfd_secret",
+        "process_madvise", "process_mrelease", "cachestat", "preadv2", "pwritev2", "ustat",
     }
     assert required <= named, sorted(required - named)
 
 
-def test_docs_list_every_rule_of_the_default_policy():
+def _doc_verdict(entry) -> str:
+    if isinstance(entry, Allow):
+        return "allowed"
+    if entry.errno == errno.EOPNOTSUPP:  # one number on Linux; Python calls it ENOTSUP
+        return "EOPNOTSUPP"
+    return errno.errorcode[entry.errno] if entry.errno else "returns 0"
+
+
+def test_docs_list_every_entry_of_the_default_policy():
     doc = (Path(__file__).resolve().parent.parent / "docs" / "seccomp.md").read_text()
     rows = [line for line in doc.splitlines() if line.startswith("| `")]
-    for rule in DEFAULT_POLICY.rules:
-        names = [f"`{name}`" for name in rule.syscalls]
+    for entry in DEFAULT_POLICY.entries:
+        names = [f"`{name}`" for name in entry.syscalls]
         matching = [row for row in rows if row.split("|")[1].split(",")[0].strip() == names[0]]
         assert len(matching) == 1, f"docs/seccomp.md has no single table row for {names[0]}"
         cells = matching[0].split("|")
         assert [n.strip() for n in cells[1].split("(")[0].split(",")] == names
-        assert cells[2].strip() == (errno.errorcode[rule.errno] if rule.errno else "returns 0")
+        assert cells[2].strip() == _doc_verdict(entry), names[0]
 
 
 # --- The syscall table ----------------------------------------------------------------------
@@ -641,3 +668,211 @@ def test_syscall_table_matches_the_kernel_headers(arch, header):
         # A name newer than the installed headers (open_tree_attr before 6.15) is not
         # checkable here.
     assert wrong == {}, f"(ours, header's) for {arch}: {wrong}"
+
+
+# --- SYS-UNREVIEWED-01: every number is decided; newer ones get ENOSYS ---------------------
+
+HEADERS = {"x86_64": "/usr/include/x86_64-linux-gnu/asm/unistd_64.h",
+           "aarch64": "/usr/include/asm-generic/unistd.h"}
+
+
+def _unassigned(arch: str, nr: int) -> bool:
+    return any(first <= nr <= last for first, last in UNASSIGNED[arch])
+
+
+def _undecided(arch: str, numbers) -> list[str]:
+    """The numbers among ``numbers`` that DEFAULT_POLICY does not decide on ``arch``."""
+    by_number = {per_arch[arch]: name for name, per_arch in SYSCALL_NUMBERS.items()
+                 if per_arch[arch] is not None}
+    missing = []
+    for nr in sorted(set(numbers)):
+        name = by_number.get(nr)
+        if nr > REVIEWED_THROUGH:
+            missing.append(f"{nr}: above REVIEWED_THROUGH ({REVIEWED_THROUGH}); review it")
+        elif name is None and not _unassigned(arch, nr):
+            missing.append(f"{nr}: in no _TABLE entry and no UNASSIGNED range")
+        elif name is not None and _unassigned(arch, nr):
+            missing.append(f"{nr} ({name}): in _TABLE and in an UNASSIGNED range")
+        elif name is not None and DEFAULT_POLICY.verdict(name) is None:
+            missing.append(f"{nr} ({name}): no entry of DEFAULT_POLICY decides it")
+    return missing
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_SYS_UNREVIEWED_01_every_number_of_the_table_is_decided(arch):
+    numbers = [per_arch[arch] for per_arch in SYSCALL_NUMBERS.values()
+               if per_arch[arch] is not None]
+    assert max(numbers) == REVIEWED_THROUGH
+    assert _undecided(arch, range(REVIEWED_THROUGH + 1)) == []
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_SYS_UNREVIEWED_01_every_number_of_the_kernel_headers_is_decided(arch):
+    if not Path(HEADERS[arch]).exists():
+        pytest.skip(f"{HEADERS[arch]} is not installed (linux-libc-dev)")
+    numbers = _header_numbers(HEADERS[arch])
+    numbers.pop("syscalls", None)  # asm-generic's __NR_syscalls is a count, not a call
+    assert _undecided(arch, numbers.values()) == []
+
+
+def test_SYS_UNREVIEWED_01_every_name_of_the_x86_64_header_is_in_the_table():
+    # By name as well as by number: a call renamed in the headers shows up here.
+    if not Path(HEADERS["x86_64"]).exists():
+        pytest.skip(f"{HEADERS['x86_64']} is not installed (linux-libc-dev)")
+    names = _header_numbers(HEADERS["x86_64"])
+    assert sorted(set(names) - set(SYSCALL_NUMBERS)) == []
+
+
+@pytest.mark.parametrize(("arch", "audit_arch"), [("x86_64", AUDIT_ARCH_X86_64),
+                                                  ("aarch64", AUDIT_ARCH_AARCH64)])
+def test_SYS_UNREVIEWED_01_numbers_above_the_review_and_unassigned_ones_get_enosys(
+        arch, audit_arch):
+    program = compile_policy(arch=arch)
+    above = [REVIEWED_THROUGH + 1, 511, 512, 547, 548, 1023, 0x3FFFFFFF]
+    unassigned = [nr for first, last in UNASSIGNED[arch] for nr in range(first, last + 1)]
+    assert {nr: _run(program, nr, audit_arch) for nr in above + unassigned} == \
+        dict.fromkeys(above + unassigned, ERRNO_ENOSYS)
+    # and one compare decides the numbers above: nr is loaded, then the x32 guard, then it.
+    insns = _insns(program)
+    at = 4 + (2 if arch == "x86_64" else 0)
+    assert insns[at:at + 2] == [(_JGE_K, 0, 1, REVIEWED_THROUGH + 1), (_RET_K, 0, 0, ERRNO_ENOSYS)]
+
+
+def test_SYS_UNREVIEWED_01_each_number_gets_its_entrys_verdict():
+    # The compiled search over numbers against the table, number by number.
+    program = compile_policy(arch="x86_64")
+    wrong = {}
+    for name, per_arch in SYSCALL_NUMBERS.items():
+        entry = DEFAULT_POLICY.verdict(name)
+        if isinstance(entry, Deny) and entry.when is not None:
+            continue  # decided by its arguments; the tests above cover each
+        want = ALLOW if isinstance(entry, Allow) else 0x00050000 | entry.errno
+        got = _run(program, per_arch["x86_64"], AUDIT_ARCH_X86_64, (0, 0, 0, 0, 0, 0))
+        if got != want:
+            wrong[name] = (hex(got), hex(want))
+    assert wrong == {}
+
+
+def test_SYS_UNREVIEWED_01_a_syscall_no_entry_names_gets_enosys():
+    policy = Policy(entries=(Allow("getpid", reason="a harmless query"),))
+    program = compile_policy(policy, arch="x86_64")
+    assert _run(program, 39, AUDIT_ARCH_X86_64) == ALLOW
+    assert _run(program, 110, AUDIT_ARCH_X86_64) == ERRNO_ENOSYS  # getppid, undecided
+
+
+def test_SYS_UNREVIEWED_01_an_entry_above_the_review_is_rejected():
+    with pytest.raises(SeccompError, match=r"mseal is numbered 462, above the policy's "
+                                           r"reviewed_through 450"):
+        Policy(entries=(Allow("mseal", reason="x"),), reviewed_through=450)
+
+
+def test_SYS_UNREVIEWED_01_the_search_jumps_over_a_long_half_with_ja():
+    # Alternating verdicts over all 470 numbers: the left half of the first compare is
+    # longer than an 8-bit jump, and every number still gets its own verdict.
+    names = [name for name, per_arch in SYSCALL_NUMBERS.items() if per_arch["x86_64"] % 2 == 0]
+    policy = Policy(entries=(Allow(tuple(names), reason="even numbers"),))
+    program = compile_policy(policy, arch="x86_64")
+    _check_structure(program)
+    assert _JA in {code for code, *_ in _insns(program)}
+    by_number = {per_arch["x86_64"]: name for name, per_arch in SYSCALL_NUMBERS.items()}
+    for nr in range(REVIEWED_THROUGH + 1):
+        want = ALLOW if nr in by_number and nr % 2 == 0 else ERRNO_ENOSYS
+        assert _run(program, nr, AUDIT_ARCH_X86_64) == want, nr
+
+
+def _as_reviewed_through(policy: Policy, last: int) -> Policy:
+    """``policy`` as if it had been reviewed only up to syscall number ``last``."""
+    entries = []
+    for entry in policy.entries:
+        names = tuple(name for name in entry.syscalls
+                      if all(nr is None or nr <= last for nr in SYSCALL_NUMBERS[name].values()))
+        if names and isinstance(entry, Allow):
+            entries.append(Allow(names, entry.reason))
+        elif names:
+            entries.append(Deny(names, entry.reason, entry.errno, entry.when))
+    return Policy(entries=tuple(entries), reviewed_through=last)
+
+
+# Calls newer than Debian 12's 6.1 headers, with arguments the kernel refuses when it has
+# the call (a bad fd, NULL, a missing path), so that nothing happens either way.
+NEWER_THAN_6_1 = [
+    ("cachestat", [-1, 0, 0, 0]),
+    ("fchmodat2", [-100, 0, 0, 0]),  # AT_FDCWD, NULL path
+    ("futex_wake", [0, 1, 0, 0x82]),  # NULL, FUTEX2_SIZE_U32 | FUTEX2_PRIVATE
+    ("statmount", [0, 0, 0, 0]),
+    ("listmount", [0, 0, 0, 0]),
+    ("lsm_list_modules", [0, 0, 0]),
+    ("getxattrat", [-1, 0, 0, 0, 0, 0]),
+    ("file_getattr", [-1, 0, 0, 0, 0]),
+]
+
+
+@x86_64_only
+def test_SYS_UNREVIEWED_01_a_policy_reviewed_for_an_older_kernel_denies_what_came_since(
+        helpers, tmp_path):
+    # The issue's case: a policy written for Linux 6.1 (last number 450) on this newer
+    # kernel. Every call added since gets ENOSYS from the filter, though the kernel has it.
+    old = tmp_path / "reviewed-for-6.1.bpf"
+    old.write_bytes(compile_policy(_as_reviewed_through(DEFAULT_POLICY, 450)))
+    calls = json.dumps([(name, SYSCALL_NUMBERS[name]["x86_64"], args)
+                        for name, args in NEWER_THAN_6_1])
+    bare = subprocess.run([sys.executable, "-I", "-c", SYSCALL_PROBE, calls],
+                          capture_output=True, text=True, timeout=60, check=True)
+    kernel = json.loads(bare.stdout)
+    if "ENOSYS" in kernel.values():
+        pytest.skip(f"this kernel lacks some of the calls since 6.1: {kernel}")
+    filtered = subprocess.run([helpers["exec"], old, sys.executable, "-I", "-c", SYSCALL_PROBE,
+                               calls], capture_output=True, text=True, timeout=60)
+    assert filtered.returncode == 0, filtered.stderr
+    assert json.loads(filtered.stdout) == dict.fromkeys(kernel, "ENOSYS")
+
+
+def _probe_in_sandbox(calls: list[tuple[str, int, list[int]]]) -> dict[str, str]:
+    with Sandbox() as sb:
+        r = sb.exec(py(SYSCALL_PROBE) + [json.dumps(calls)])
+    assert r.exit_code == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@x86_64_only
+@needs_sandbox()
+def test_SYS_UNREVIEWED_01_numbers_above_the_review_get_enosys_in_a_sandbox(no_leaks):
+    numbers = [337, 380, 423, REVIEWED_THROUGH + 1, 500, 512, 547, 548, 1000]
+    got = _probe_in_sandbox([(str(nr), nr, [-1, 0, 0, 0, 0, 0]) for nr in numbers])
+    assert got == {str(nr): "ENOSYS" for nr in numbers}
+
+
+# Each call this review denied, the errno it gets, and arguments the kernel refuses when
+# the call runs (fd -1, invalid flags), so that the kernel's own answer differs.
+NEWLY_DENIED = [
+    ("memfd_secret", "ENOSYS", [0xFFFFFFFF]),  # no such flags: EINVAL
+    ("process_madvise", "EPERM", [-1, 0, 0, 0, 0]),
+    ("process_mrelease", "EPERM", [-1, 0]),
+    ("fanotify_mark", "EPERM", [-1, 0, 0, -100, 0]),
+    ("sysfs", "EPERM", [99, 0, 0]),  # no such option: EINVAL
+    ("create_module", "ENOSYS", [0, 0]),
+    ("security", "ENOSYS", [0, 0, 0]),
+    ("vserver", "ENOSYS", [0, 0, 0]),
+]
+
+
+def _newly_denied_params():
+    arch = MACHINE if MACHINE in ARCHES else "x86_64"
+    for name, policy_errno, args in NEWLY_DENIED:
+        marks = [] if SYSCALL_NUMBERS[name][arch] is not None else [
+            pytest.mark.skip(reason=f"{name} does not exist on {MACHINE}")]
+        yield pytest.param(name, args, policy_errno, id=name, marks=marks)
+
+
+@needs_sandbox()
+@pytest.mark.parametrize(("name", "args", "policy_errno"), list(_newly_denied_params()))
+def test_SYS_UNREVIEWED_01_a_newly_denied_call_is_denied_in_a_sandbox(
+        no_leaks, name, args, policy_errno):
+    call = [(name, SYSCALL_NUMBERS[name][MACHINE], args)]
+    bare = subprocess.run([sys.executable, "-I", "-c", SYSCALL_PROBE, json.dumps(call)],
+                          capture_output=True, text=True, timeout=60, check=True)
+    kernel = json.loads(bare.stdout)[name]
+    assert _probe_in_sandbox(call) == {name: policy_errno}
+    # The kernel without the filter says something else, except where it has no such
+    # call either (a sys_ni_syscall slot: both ENOSYS).
+    assert kernel != policy_errno or kernel == "ENOSYS"

@@ -58,6 +58,18 @@
 #ifndef __NR_open_tree_attr
 #define __NR_open_tree_attr 467
 #endif
+#ifndef __NR_process_madvise
+#define __NR_process_madvise 440
+#endif
+#ifndef __NR_memfd_secret
+#define __NR_memfd_secret 447
+#endif
+#ifndef __NR_process_mrelease
+#define __NR_process_mrelease 448
+#endif
+#ifndef __NR_cachestat
+#define __NR_cachestat 451
+#endif
 #ifndef CLONE_NEWTIME
 #define CLONE_NEWTIME 0x00000080
 #endif
@@ -248,6 +260,13 @@ static long p_settimeofday(void) { return syscall(SYS_settimeofday, NULL, NULL);
 static long p_adjtimex(void) { return syscall(SYS_adjtimex, NULL); }
 static long p_clock_adjtime(void) { return syscall(SYS_clock_adjtime, -1, NULL); }
 static long p_fanotify_init(void) { return syscall(SYS_fanotify_init, 0xffffffffU, 0U); }
+static long p_fanotify_mark(void) { return syscall(SYS_fanotify_mark, -1, 0U, 0ULL, AT_FDCWD, NULL); }
+
+/* fd -1, invalid flags, a device number no filesystem has: nothing is read or made. */
+static long p_cachestat(void) { return syscall(__NR_cachestat, -1, NULL, NULL, 0U); }
+static long p_memfd_secret(void) { return syscall(__NR_memfd_secret, 0xffffffffU); }
+static long p_process_madvise(void) { return syscall(__NR_process_madvise, -1, NULL, 0UL, 0, 0U); }
+static long p_process_mrelease(void) { return syscall(__NR_process_mrelease, -1, 0U); }
 
 /* One instruction that accepts everything: SECCOMP_RET_ALLOW to seccomp, "keep the whole
  * packet" to a socket. Loading it is what costs a JIT allocation; it changes nothing. */
@@ -447,6 +466,23 @@ static long p_iopl(void) { return syscall(SYS_iopl, 4); /* levels are 0..3 */ }
 static long p_ioperm(void) { return syscall(SYS_ioperm, 0x10000UL, 1UL, 0); /* past the last port */ }
 static long p_modify_ldt(void) { char buf[8]; return syscall(SYS_modify_ldt, 0, buf, 0UL); /* read 0 bytes */ }
 static long p_uselib(void) { return syscall(SYS_uselib, NOWHERE); }
+static long p_ustat(void) { char buf[32]; return syscall(SYS_ustat, 0xfffffUL, buf); }
+static long p_sysfs(void) { return syscall(SYS_sysfs, 99, 0UL, 0UL); }
+/* Slots of the x86_64 table that Linux implements as sys_ni_syscall. */
+static long p__sysctl(void) { return syscall(156, NULL); }
+static long p_create_module(void) { return syscall(174, NULL, 0UL); }
+static long p_get_kernel_syms(void) { return syscall(177, NULL); }
+static long p_query_module(void) { return syscall(178, NULL, 0, NULL, 0UL, NULL); }
+static long p_getpmsg(void) { return syscall(181, -1, NULL, NULL, NULL, NULL); }
+static long p_putpmsg(void) { return syscall(182, -1, NULL, NULL, 0, 0); }
+static long p_afs_syscall(void) { return syscall(183, 0, 0, 0, 0, 0); }
+static long p_tuxcall(void) { return syscall(184, 0, 0, 0); }
+static long p_security(void) { return syscall(185, 0, 0, 0); }
+static long p_set_thread_area(void) { return syscall(205, NULL); }
+static long p_get_thread_area(void) { return syscall(211, NULL); }
+static long p_epoll_ctl_old(void) { return syscall(214, -1, 0, -1, NULL); }
+static long p_epoll_wait_old(void) { return syscall(215, -1, NULL, 0, 0); }
+static long p_vserver(void) { return syscall(236, 0, 0, 0); }
 /* getpid through the x32 table (nr | 0x40000000). */
 static long p_x32_getpid(void) { return syscall(0x40000000L | SYS_getpid); }
 /* getpid through the i386 table: int 0x80 from a 64-bit process, eax = 20. */
@@ -487,6 +523,7 @@ static const struct probe probes[] = {
     P(delete_module), P(swapon), P(swapoff), P(acct), P(quotactl), P(quotactl_fd),
     P(syslog), P(vhangup), P(lookup_dcookie), P(nfsservctl),
     P(clock_settime), P(settimeofday), P(adjtimex), P(clock_adjtime), P(fanotify_init),
+    P(fanotify_mark), P(cachestat), P(memfd_secret), P(process_madvise), P(process_mrelease),
     P(ioctl_fionread), P(ioctl_tiocgwinsz), P(ioctl_tiocsti), P(ioctl_tioclinux),
     {"ioctl_fionread_hibits", HIBITS(p_ioctl_fionread_hibits)},
     {"ioctl_tiocsti_hibits", HIBITS(p_ioctl_tiocsti_hibits)},
@@ -509,6 +546,14 @@ static const struct probe probes[] = {
     {"fadvise_dontneed_hibits_badfd", HIBITS(p_fadvise_dontneed_hibits_badfd)},
     {"iopl", X86(p_iopl)}, {"ioperm", X86(p_ioperm)}, {"modify_ldt", X86(p_modify_ldt)},
     {"uselib", X86(p_uselib)}, {"x32_getpid", X86(p_x32_getpid)},
+    {"ustat", X86(p_ustat)}, {"sysfs", X86(p_sysfs)}, {"_sysctl", X86(p__sysctl)},
+    {"create_module", X86(p_create_module)}, {"get_kernel_syms", X86(p_get_kernel_syms)},
+    {"query_module", X86(p_query_module)}, {"getpmsg", X86(p_getpmsg)},
+    {"putpmsg", X86(p_putpmsg)}, {"afs_syscall", X86(p_afs_syscall)},
+    {"tuxcall", X86(p_tuxcall)}, {"security", X86(p_security)},
+    {"set_thread_area", X86(p_set_thread_area)}, {"get_thread_area", X86(p_get_thread_area)},
+    {"epoll_ctl_old", X86(p_epoll_ctl_old)}, {"epoll_wait_old", X86(p_epoll_wait_old)},
+    {"vserver", X86(p_vserver)},
     {"i386_getpid", X86(p_i386_getpid)},
 };
 #define NPROBES (sizeof(probes) / sizeof(probes[0]))
