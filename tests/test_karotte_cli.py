@@ -14,7 +14,8 @@ from karotte.cli.main import _summary, outcome_json
 from karotte.episode import Episode
 
 TESTS = Path(__file__).resolve().parent
-KEYS = {"env", "seed", "reward", "reason", "violations", "infra_error", "timings"}
+KEYS = {"env", "seed", "reward", "reason", "violations", "violations_dropped", "infra_error",
+        "timings", "log", "details", "details_dropped", "grader_log"}  # Outcome.to_dict()
 
 
 def karotte(*args: str, cwd: str | Path = TESTS, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -235,13 +236,19 @@ def test_what_the_agent_printed_into_a_crashed_graders_log_cannot_forge_the_repo
     assert "\\x1b[2J\\x1b[Hnull-agent" in r.stdout  # shown, escaped, behind the margin
 
 
-def test_run_summary_shows_the_log_tail_of_episodes_whose_grader_crashed(no_leaks):
-    # The records as `karotte run` keeps them, with the Outcome's grader_log and details.
+def test_run_shows_the_traceback_tail_of_a_grader_that_crashed(no_leaks):
+    r = karotte("run", "envs.authoring:CrashesOnNothing", "--agent", "/dev/null")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "grader_crashed (seed 0)" in lines
+    assert lines[-1] == "  | AttributeError: 'NoneType' object has no attribute 'strip'", lines
+
+
+def test_run_summary_shows_the_log_tail_of_the_first_episodes_whose_grader_crashed(no_leaks):
     with Episode(CrashesOnNothing(), seed=1) as ep:
         ep.reset()
         outcome = ep.finish()
-    record = {**outcome_json("envs.authoring:CrashesOnNothing", 1, outcome),
-              "grader_log": outcome.grader_log, "details": dict(outcome.details)}
+    record = outcome_json("envs.authoring:CrashesOnNothing", 1, outcome)  # as run keeps it
     summary = _summary([record] * 4).splitlines()
     assert "grader_crashed (seed 1)" in summary
     assert summary.count("  | AttributeError: 'NoneType' object has no attribute 'strip'") == 3
