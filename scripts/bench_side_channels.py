@@ -335,7 +335,7 @@ def census(top: str = "/usr", min_pages: int = 4096) -> Census:
                 n = -(-os.path.getsize(path) // PAGE)
                 cached = cached_pages(path)
             except PermissionError:
-                raise
+                raise  # cachestat refused (not root): no census is possible, say so
             except OSError:
                 continue  # vanished or unreadable; not part of what a sandbox can read
             files += 1
