@@ -1011,6 +1011,7 @@ class AsyncSandbox(_Facts):
         self._core = _Core(spec or SandboxSpec())
         self._lock = asyncio.Lock()
         self._started = False
+        self._busy: asyncio.Future | None = None  # the last step sent to a worker thread
 
     async def start(self) -> "AsyncSandbox":
         """Create the sandbox. The blocking steps (the cgroup's files, the spawn, the id
@@ -1045,21 +1046,35 @@ class AsyncSandbox(_Facts):
             raise
         core.finish_start(reply, fds)
 
-    @staticmethod
-    async def _in_thread(fn: Callable[[], object], undo: Callable[[object], None]) -> object:
+    async def _in_thread(self, fn: Callable[[], object], undo: Callable[[object], None]) -> object:
         """fn() in a worker thread: the event loop goes on meanwhile. If the caller is
-        cancelled, fn still runs to its end in its thread, and undo(its result) runs then,
-        in a worker thread too: a spawn or an exec that completes after its caller has gone
-        must not leave an init, a cgroup or a command behind."""
+        cancelled, fn still runs to its end, and undo(its result) runs then, in a worker
+        thread: a spawn or an exec that completes after its caller has gone must not leave
+        an init, a cgroup or a command behind. Whichever of the two finishes second, the
+        thread or the cancelled caller, runs undo: no callback on a loop that may be
+        closing by then."""
+        lock = threading.Lock()
+        state: dict[str, object] = {}
+
+        def run() -> object:
+            result = fn()
+            with lock:
+                state["result"] = result
+                abandoned = "abandoned" in state
+            if abandoned:
+                undo(result)
+            return result
+
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(None, fn)
+        future = self._busy = loop.run_in_executor(None, run)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
-            def later(done: asyncio.Future) -> None:
-                if not done.cancelled() and done.exception() is None:
-                    loop.run_in_executor(None, undo, done.result())
-            future.add_done_callback(later)
+            with lock:
+                state["abandoned"] = True
+                finished = "result" in state
+            if finished:
+                loop.run_in_executor(None, undo, state["result"])
             raise
 
     async def exec(self, argv: Sequence[str] | str, *, stdin: bytes | str = b"",
@@ -1095,6 +1110,8 @@ class AsyncSandbox(_Facts):
         self._core.destroy()
 
     async def close(self) -> None:
+        if self._busy is not None:  # a cancelled step may still run: the core is not
+            await asyncio.wait({self._busy})  # to be torn down under it
         await asyncio.get_running_loop().run_in_executor(None, self._core.destroy)
 
     async def __aenter__(self) -> "AsyncSandbox":

@@ -533,3 +533,19 @@ def test_async_blocking_work_runs_off_the_event_loop_thread(no_leaks, monkeypatc
     assert set(threads) == {"prompt", "workspace_files", "hidden_files", "start",
                             "begin_exec", "end_exec", "destroy"}
     assert all(loop_thread not in names for names in threads.values()), threads
+
+
+def test_an_async_reset_cancelled_at_any_moment_leaves_nothing_behind(no_leaks):
+    async def main():
+        for delay in (0, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05):
+            ep = AsyncEpisode(Addition(), seed=0)
+            task = asyncio.ensure_future(ep.reset())
+            await asyncio.sleep(delay)
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            await ep.close()
+
+    asyncio.run(main())  # its end waits for the worker threads, and what they undo
