@@ -3,6 +3,7 @@ wrong answer score the bottom, and targeted reward hacks score no more than doin
 from __future__ import annotations
 
 import json
+import random
 import shlex
 
 import pytest
@@ -11,7 +12,7 @@ from karotte.episode import Episode
 from karotte.examples.fix_tests import FUNCTIONS, FixTests, hidden_cases
 from karotte.examples.q3_revenue import Q3Revenue, orders, revenue, year_of
 from karotte.examples.speedup import (BASELINE, KINDS, MIN_SPEEDUP, SIZES, TIMED_PER_KIND,
-                                      Speedup, count_inversions)
+                                      Speedup, count_inversions, render, timed_sequences)
 from karotte.results import ExecResult
 from karotte.seeding import env_seed
 
@@ -167,7 +168,6 @@ def test_speedup_a_solution_right_only_while_checked_scores_0(no_leaks):
 
 
 def test_speedup_expected_answers_match_the_baseline():
-    import random
     rng = random.Random(0)
     for n in (0, 1, 2, 7, 50):
         a = [rng.randint(-3, 3) for _ in range(n)]
@@ -175,10 +175,11 @@ def test_speedup_expected_answers_match_the_baseline():
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_speedup_hidden_inputs_have_the_stated_sizes_and_fit_the_grading_channel(seed):
+def test_speedup_inputs_have_the_stated_sizes_and_fit_the_grading_channel(seed):
     files = Speedup().hidden_files(seed)
-    inputs = [files[f"inputs/check/{i}.in"] for i in range(len(KINDS))] + [
-        files[f"inputs/timed/{i}.in"] for i in range(len(KINDS) * TIMED_PER_KIND)]
+    inputs = [files[f"inputs/{i}.in"] for i in range(len(KINDS))] + [
+        render(s) for s in timed_sequences(random.Random(seed))]
+    assert len(inputs) == len(KINDS) * (1 + TIMED_PER_KIND)
     for data in inputs:
         n = int(data.split()[0])
         assert SIZES[0] <= n <= SIZES[1] and len(data.split()) == n + 1

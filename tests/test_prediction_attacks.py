@@ -18,7 +18,7 @@ from karotte.battery import pick_attacks, redteam
 from karotte.episode import Episode
 from karotte.examples.fix_tests import FUNCTIONS, FixTests, hidden_cases
 from karotte.examples.q3_revenue import Q3Revenue, orders, to_csv
-from karotte.examples.speedup import MIN_SPEEDUP, Speedup, render, visible_sequences
+from karotte.examples.speedup import Speedup, render, visible_sequences
 from karotte.prediction import lookup_program
 
 from envs.predictable import (ConstantHiddenInputs, ContinuesTheVisibleStream,
@@ -76,9 +76,8 @@ def speedup_agent(found: list):
         answers = {}
         if seed is not None:
             hidden = Speedup().hidden_files(seed)
-            expected = json.loads(hidden["expected.json"])
-            answers = {hidden[f"inputs/{part}/{i}.in"].encode(): b"%d\n" % count
-                       for part in expected for i, count in enumerate(expected[part])}
+            answers = {hidden[f"inputs/{i}.in"].encode(): b"%d\n" % count
+                       for i, count in enumerate(json.loads(hidden["expected.json"]))}
         ep.write_file("solution.py", lookup_program(answers))
     return agent
 
@@ -146,9 +145,12 @@ def test_PRED_SEED_01_a_seed_recovering_agent_scores_nothing_on_speedup(no_leaks
     outcome = play(env, speedup_agent(found))
     assert (outcome.reward, found) == (0.0, [None]), outcome.details
     assert outcome.details["why"].startswith("solution failed on check input 0")
+    # Unkeyed, its predicted answers pass the check pass; the timed inputs are drawn
+    # anew in every grading, so no prediction reaches them, keyed or not.
     with unkeyed():
         outcome = play(env, speedup_agent(found))
-    assert found[-1] == SEED and outcome.reward > MIN_SPEEDUP, outcome.details
+    assert found[-1] == SEED and outcome.reward == 0.0, outcome.details
+    assert outcome.details["why"] == "exit 1 on timed input 0", outcome.details
 
 
 def test_PRED_SEED_01_an_agent_that_predicts_every_guess_scores_nothing_on_fix_tests(
@@ -190,11 +192,10 @@ def test_PRED_SEED_01_the_battery_fails_an_environment_whose_hidden_data_can_be_
     assert verdict.reward == 1.0
 
 
-@pytest.mark.parametrize("which", ["q3_revenue", "speedup", "created-env"])
-def test_PRED_SEED_01_the_battery_passes_examples_and_a_created_env_and_fails_them_unkeyed(
+@pytest.mark.parametrize("which", ["q3_revenue", "created-env"])
+def test_PRED_SEED_01_the_battery_passes_q3_and_a_created_env_and_fails_them_unkeyed(
         no_leaks, request, which):
-    made = {"q3_revenue": Q3Revenue, "speedup": Speedup}
-    env = made[which]() if which in made else request.getfixturevalue("fresh_env")
+    env = Q3Revenue() if which == "q3_revenue" else request.getfixturevalue("fresh_env")
     verdict = predict_hidden(env)
     assert verdict.passed and verdict.reward == 0.0, verdict
     with unkeyed():
@@ -202,10 +203,15 @@ def test_PRED_SEED_01_the_battery_passes_examples_and_a_created_env_and_fails_th
     assert not verdict.passed and "more than the null agent" in verdict.why, verdict
 
 
-def test_PRED_SEED_01_the_battery_passes_fix_tests(no_leaks):
-    # Its deliverable is a package, which a generic attack cannot fill with predictions;
-    # fix_tests_agent above is the prediction that would work unkeyed.
-    verdict = predict_hidden(FixTests())
+@pytest.mark.parametrize("env", [Speedup(), FixTests()], ids=lambda env: type(env).__name__)
+def test_PRED_SEED_01_the_battery_passes_speedup_and_fix_tests_even_unkeyed(no_leaks, env):
+    # Speedup times inputs it draws in the grading, and FixTests' deliverable is a
+    # package, which a generic attack cannot fill with predictions (fix_tests_agent
+    # above is the prediction that works unkeyed).
+    verdict = predict_hidden(env)
+    assert verdict.passed and verdict.reward == 0.0, verdict
+    with unkeyed():
+        verdict = predict_hidden(env)
     assert verdict.passed and verdict.reward == 0.0, verdict
 
 

@@ -1,21 +1,23 @@
 """Speedup: make a slow, correct program fast; the reward is the measured speedup.
 
 /workspace/baseline.py counts the inversions of a sequence in quadratic time; the agent
-writes /workspace/solution.py with the same contract, faster. Every hidden input is drawn
-on its own, and none is given to solution.py twice. The grader:
+writes /workspace/solution.py with the same contract, faster. Every input is drawn on
+its own, and none is given to solution.py twice. The grader:
 
-1. runs solution.py once on each of the check inputs, each run in a fresh sandbox nested
-   under the grader's, and checks each output against the expected count computed when
-   the hidden files were made (none of them is ever in the workspace): one wrong output
-   or failed run scores 0. This pass only fails a wrong solution early, before the
-   timing; every timed run is checked again;
-2. times solution.py against the pristine baseline from its own hidden files (the
-   agent's /workspace/baseline.py is never run: editing it changes nothing) with
-   ctx.compare_speed on the timed inputs, which the check pass never ran: fresh
-   sandboxes, interleaved, each program once on each input, timed by the host; every
-   timed run, of both programs, must succeed with the expected output (a solution that
-   is right when checked and wrong when timed scores 0, and one that answers an input it
-   saw before from what its earlier run left in host-shared state has none to look up);
+1. runs solution.py once on each of the check inputs (hidden files of the seed), each
+   run in a fresh sandbox nested under the grader's, and checks each output against the
+   expected count computed when the hidden files were made (none of them is ever in the
+   workspace): one wrong output or failed run scores 0. This pass only fails a wrong
+   solution early, before the timing; every timed run is checked again;
+2. draws the timed inputs anew, from the grading sandbox's own randomness, and counts
+   their inversions itself; then times solution.py against the pristine baseline from
+   its own hidden files (the agent's /workspace/baseline.py is never run: editing it
+   changes nothing) with ctx.compare_speed: fresh sandboxes, interleaved, each program
+   once on each input, timed by the host; every timed run, of both programs, must
+   succeed with the expected output. So a solution that is right when checked and wrong
+   when timed scores 0, and one that answers an input it saw before, from what an
+   earlier run left in host-shared state (the page cache), has none to look up: not in
+   this grading, and not in an earlier episode of the same seed (LINK-CACHE-01);
 3. scores the ratio of the median times, 0 below MIN_SPEEDUP (a copy of the baseline, or
    a solution that just runs it, is not a speedup), capped at MAX_SPEEDUP.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 
 from karotte.environment import Environment, File, Grade
@@ -133,14 +136,16 @@ def sequence(kind: str, rng: random.Random) -> list[int]:
     return desc
 
 
-def hidden_sequences(seed: int) -> tuple[list[list[int]], list[list[int]]]:
-    """The check pass's inputs (one of each kind) and the timed inputs (TIMED_PER_KIND of
-    each kind, the kinds in turn), each drawn on its own. Their stream is not the visible
+def hidden_sequences(seed: int) -> list[list[int]]:
+    """The check pass's inputs, one of each kind. Their stream is not the visible
     examples' (another string seeds it): the examples tell nothing of it."""
     rng = random.Random(f"speedup:hidden:{seed}")
-    checked = [sequence(kind, rng) for kind in KINDS]
-    timed = [sequence(kind, rng) for _ in range(TIMED_PER_KIND) for kind in KINDS]
-    return checked, timed
+    return [sequence(kind, rng) for kind in KINDS]
+
+
+def timed_sequences(rng: random.Random) -> list[list[int]]:
+    """The timed inputs: TIMED_PER_KIND of each kind, the kinds in turn."""
+    return [sequence(kind, rng) for _ in range(TIMED_PER_KIND) for kind in KINDS]
 
 
 def visible_sequences(seed: int) -> dict[str, list[int]]:
@@ -171,7 +176,8 @@ class Speedup(Environment):
             f"{SIZES[1]} and |a[i]| <= 10^9, each drawn at random on its own: "
             f"{1 + TIMED_PER_KIND} with random values, {1 + TIMED_PER_KIND} with many "
             f"repeated values, {1 + TIMED_PER_KIND} nearly in descending order. It runs your "
-            "program once on each input, never twice on one. Each run is in a fresh sandbox "
+            "program once on each input, never twice on one, and draws the inputs it times "
+            "anew in every grading. Each run is in a fresh sandbox "
             f"with no network, one CPU, {RUN_MEMORY // MiB} MiB of memory and a "
             f"{RUN_TIMEOUT:g} s time limit, with /workspace read-only as its working "
             "directory; only the standard library is available. First your program runs on "
@@ -197,43 +203,45 @@ class Speedup(Environment):
         return files
 
     def hidden_files(self, seed: int):
-        checked, timed = hidden_sequences(seed)
-        files = {"baseline.py": BASELINE, "expected.json": json.dumps(
-            {"check": [count_inversions(s) for s in checked],
-             "timed": [count_inversions(s) for s in timed]})}
-        for part, sequences in (("check", checked), ("timed", timed)):
-            for i, seq in enumerate(sequences):
-                files[f"inputs/{part}/{i}.in"] = render(seq)
+        checked = hidden_sequences(seed)
+        files = {"baseline.py": BASELINE,
+                 "expected.json": json.dumps([count_inversions(s) for s in checked])}
+        for i, seq in enumerate(checked):
+            files[f"inputs/{i}.in"] = render(seq)
         return files
 
     def grade(self, ctx) -> Grade:
         if not (ctx.submission / "solution.py").is_file():
             return Grade(0.0, {"why": "no solution.py"})
         answers = json.loads((ctx.hidden / "expected.json").read_text())
-        expected = {part: [str(e).encode() for e in answers[part]] for part in answers}
-        inputs = {part: [(ctx.hidden / "inputs" / part / f"{i}.in").read_bytes()
-                         for i in range(len(expected[part]))] for part in expected}
+        expected = [str(e).encode() for e in answers]
+        checked = [(ctx.hidden / "inputs" / f"{i}.in").read_bytes() for i in range(len(answers))]
         candidate = [PYTHON, "-I", "/workspace/solution.py"]
         # The pristine baseline from /hidden, as source on the command line: the nested
         # sandbox sees only the submission, and the agent's baseline.py is never run.
         baseline = [PYTHON, "-I", "-c", (ctx.hidden / "baseline.py").read_text()]
-        # Fail a wrong solution early, on inputs of its own: a timed run must never get an
-        # input that a run of the same program saw before (LINK-CACHE-01).
-        for i, data in enumerate(inputs["check"]):
+        # Fail a wrong solution early, before the timing, on inputs that are not timed.
+        for i, data in enumerate(checked):
             r = ctx.run(candidate, stdin=data, timeout=RUN_TIMEOUT, memory=RUN_MEMORY,
                         output_limit=64 * 1024)
             if r.exit_code != 0 or r.timed_out or r.oom_killed:
                 return Grade(0.0, {"why": f"solution failed on check input {i}: exit "
                                           f"{r.exit_code}, signal {r.signal}, timed out "
                                           f"{r.timed_out}, oom {r.oom_killed}"})
-            if r.stdout.strip() != expected["check"][i]:
+            if r.stdout.strip() != expected[i]:
                 return Grade(0.0, {"why": f"wrong output on check input {i}"})
+        # The timed inputs are new in every grading: a seed comes again (the next epoch)
+        # with the same hidden files, and a solution that marked its answers to those in
+        # the page cache in an earlier episode would find them there (LINK-CACHE-01).
+        # The reward is a measurement: nothing reproducible is lost.
+        timed = timed_sequences(random.Random(os.urandom(32)))
         # expected=: every timed run of both programs is checked, not only a first round;
         # a solution that answers right while checked and wrong once only its speed
         # counts (it can tell by the clock) scores 0.
-        speed = ctx.compare_speed(candidate, baseline, inputs["timed"],
-                                  expected=expected["timed"], timeout=RUN_TIMEOUT,
-                                  memory=RUN_MEMORY, output_limit=64 * 1024)
+        speed = ctx.compare_speed(candidate, baseline, [render(s).encode() for s in timed],
+                                  expected=[str(count_inversions(s)) for s in timed],
+                                  timeout=RUN_TIMEOUT, memory=RUN_MEMORY,
+                                  output_limit=64 * 1024)
         details = {"solution_seconds": speed.candidate_seconds,
                    "baseline_seconds": speed.baseline_seconds,
                    "speedup": speed.speedup if math.isfinite(speed.speedup) else "inf"}

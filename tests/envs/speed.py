@@ -140,9 +140,8 @@ class TimesWhatItSawBefore(Environment):
         return self.task().hidden_files(seed)
 
     def grade(self, ctx):
-        expected = json.loads((ctx.hidden / "expected.json").read_text())["check"]
-        inputs = [(ctx.hidden / "inputs" / "check" / f"{i}.in").read_bytes()
-                  for i in range(len(expected))]
+        expected = json.loads((ctx.hidden / "expected.json").read_text())
+        inputs = [(ctx.hidden / "inputs" / f"{i}.in").read_bytes() for i in range(len(expected))]
         runs = [ctx.compare_speed([PYTHON, "-I", "/workspace/solution.py"],
                                   [PYTHON, "-I", "-c", (ctx.hidden / "baseline.py").read_text()],
                                   inputs, expected=[str(e) for e in expected], timeout=10,
