@@ -43,10 +43,12 @@ from karotte import custody
 from karotte.episode import AsyncEpisode, Episode, Outcome
 from karotte.sandbox import DEFAULT_ENV
 from karotte.scan import COPY_TIME
+from karotte.seeding import env_seed
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
 SEED = 7
+FIX_SEED = env_seed(FixFunction, SEED)  # the seed FixFunction's methods see in an episode
 BOUND = 60.0  # seconds an attacked episode may take, grading included
 MARK = "KAROTTE-HOOK-RAN"  # what planted hooks print (to stderr) if anything runs them
 USER_SITE = "/home/agent/.local/lib/python3.11/site-packages"
@@ -114,7 +116,7 @@ def every_hidden_test(outcome: Outcome, status: str | set[str]) -> None:
     """Every hidden test of FixFunction ended with `status` (or one of a set)."""
     allowed = {status} if isinstance(status, str) else status
     statuses = outcome.details["tests"]
-    assert statuses.keys() == hidden_cases(SEED).keys()
+    assert statuses.keys() == hidden_cases(FIX_SEED).keys()
     assert set(statuses.values()) <= allowed, statuses
 
 
@@ -136,10 +138,10 @@ def alive_at_scan(monkeypatch):
     seen: dict[str, list[str]] = {}
     real = custody.scan_and_copy
 
-    def spy(workspace_fd, dest, limits):
+    def spy(*args, **kwargs):
         for token in tokens:
             seen[token] = host_processes_named(token)
-        return real(workspace_fd, dest, limits)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(custody, "scan_and_copy", spy)
     return tokens, seen
@@ -487,7 +489,7 @@ def test_LEAK_STACK_01_the_expected_values_are_in_no_process_that_runs_agent_cod
     scored_bottom(outcome)
     every_hidden_test(outcome, "wrong_value")
     assert "KAROTTE-STACK:" in outcome.grader_log
-    for case in hidden_cases(SEED).values():
+    for case in hidden_cases(FIX_SEED).values():
         assert case["expect"] not in outcome.grader_log
 
 
@@ -503,7 +505,7 @@ def sections(text: str) -> dict[str, list[str]]:
 
 
 def test_LEAK_FS_01_hidden_tests_are_nowhere_in_the_agents_sandbox():
-    secret = next(iter(hidden_cases(SEED))).rsplit("_", 1)[1]
+    secret = next(iter(hidden_cases(FIX_SEED))).rsplit("_", 1)[1]
     # /usr is the host's, bound read-only: it holds nothing of an episode, and names that
     # match innocently (C++'s <expected>).
     grep = "grep -rl --exclude-dir=proc --exclude-dir=sys --exclude-dir=usr -e"
@@ -523,7 +525,7 @@ def test_LEAK_FS_01_hidden_tests_are_nowhere_in_the_agents_sandbox():
     assert (found["names"], found["dirs"], found["secret"]) == ([], [], []), found
     assert found["control"] == ["/workspace/slug.py"], found  # the search does reach files
     assert secret not in r.text
-    for case in hidden_cases(SEED).values():
+    for case in hidden_cases(FIX_SEED).values():
         assert case["expect"] not in r.text
     mounts = [line.split()[4] for line in found["mounts"]]
     assert mounts and all(m in ("/", "/usr", "/etc", "/proc", "/tmp", "/workspace", "/home/agent")
