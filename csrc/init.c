@@ -767,9 +767,20 @@ static void handle_signal(uint32_t id, const char *msg, size_t len)
     while (next_record(&pos, end, &tag, &data, &rlen) > 0)
         if (tag == KT_SIGNAL && rlen == 4)
             memcpy(&sig, data, 4);
-    for (int i = 0; i < MAX_EXECS; i++)
-        if (running[i].pid && running[i].id == id)
-            kill(-running[i].pid, (int)sig); /* the exec's whole process group */
+    for (int i = 0; i < MAX_EXECS; i++) {
+        if (!running[i].pid || running[i].id != id)
+            continue;
+        /* The exec's whole process group, which exists only once the child has called
+         * setsid(): a signal sent before would be lost (ESRCH) and the command run on.
+         * SIGKILL goes to the child itself first: dead, it can make no group, and what it
+         * started after its setsid() is in the group the second kill reaches. Another
+         * signal goes to the child alone when there is no group yet (it has forked
+         * nothing before setsid()). */
+        if (sig == SIGKILL)
+            kill(running[i].pid, SIGKILL);
+        if (kill(-running[i].pid, (int)sig) < 0 && errno == ESRCH && sig != SIGKILL)
+            kill(running[i].pid, (int)sig);
+    }
 }
 
 static void reap(void)

@@ -33,11 +33,6 @@ def test_a_start_cancelled_at_any_moment_leaves_nothing_behind(no_leaks):
     asyncio.run(main())  # its end waits for the worker threads, and what they undo
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "csrc/init.c handle_signal kills the exec's process group, kill(-pid), which does not "
-    "exist until the child's setsid(): a SIGKILL that comes before it is lost (ESRCH) and "
-    "the command runs on. Fails the same before the exec steps moved to worker threads. "
-    "Fix: fall back to kill(pid) on ESRCH (the child has not forked yet)"))
 def test_an_exec_cancelled_at_any_moment_leaves_no_command_running(no_leaks):
     async def main():
         async with AsyncSandbox() as sb:

@@ -23,7 +23,8 @@ import pytest
 
 from conftest import child_inits, karotte_cgroups, py, sandbox_processes
 from karotte.errors import SandboxClosed, SandboxError
-from karotte.sandbox import DEFAULT_UID_BASE, AGENT_UID, AsyncSandbox, Sandbox, ns_owner_ids
+from karotte.sandbox import (DEFAULT_UID_BASE, AGENT_UID, AsyncSandbox, Sandbox, _drive_sync,
+                             ns_owner_ids)
 from karotte.spec import Bind, MiB, SandboxSpec
 
 NAMESPACES = ("user", "pid", "mnt", "net", "ipc", "uts", "cgroup")
@@ -615,3 +616,18 @@ def test_the_trainer_is_not_dumpable_once_it_has_spawned_a_sandbox(no_leaks):
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True"] + ["False"] * 6
+
+
+def test_a_kill_sent_right_after_the_exec_request_is_never_lost(sandbox):
+    """init kills an exec by its process group, which exists only after the command's
+    setsid(): a SIGKILL that arrived first (a timeout of a few microseconds, a cancelled
+    exec) was lost, and the command ran on (187 of 200 here before the fix)."""
+    core = sandbox._core
+    survived = 0
+    for _ in range(200):
+        op = core.begin_exec(["sleep", "30"], b"", 5.0, None, None)
+        core.signal(op.id, signal.SIGKILL)  # before init can have seen the child's setsid
+        _drive_sync(op)
+        r = core.end_exec(op)
+        survived += r.signal != signal.SIGKILL or r.timed_out
+    assert survived == 0
