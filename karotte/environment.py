@@ -9,18 +9,25 @@ next to the agent.
     class Addition(Environment):
         deliverables = ("answer.txt",)
 
+        def numbers(self, seed):  # every value comes from a named stream; the seed is never shown
+            rng = random.Random(f"addition:{seed}")
+            return rng.randint(1000, 9999), rng.randint(1000, 9999)
+
         def prompt(self, seed):
-            a, b = divmod(seed, 1000)
+            a, b = self.numbers(seed)
             return f"Write {a} + {b} as a decimal integer to /workspace/answer.txt."
 
         def hidden_files(self, seed):
-            a, b = divmod(seed, 1000)
-            return {"expected.txt": str(a + b)}
+            return {"expected.txt": str(sum(self.numbers(seed)))}
 
         def grade(self, ctx):
             expected = (ctx.hidden / "expected.txt").read_text()
             answer = ctx.read_deliverable("answer.txt", limit=100)
             return 1.0 if answer is not None and answer.strip() == expected.encode() else 0.0
+
+`seed` is not the trainer's: Karotte derives it with a key only the host holds
+(karotte/seeding.py), so an agent cannot find it and run the public generator for the
+hidden data. docs/examples.md says how a generator stays safe.
 
 This module is imported inside the grading sandbox too (by the system Python, with only
 the standard library): keep its imports to spec and the standard library.

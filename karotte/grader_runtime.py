@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import numbers
 import os
 import posixpath
 import re
@@ -452,7 +453,7 @@ def main() -> None:
             reward, details = result.reward, dict(result.details)
         else:
             reward, details = result, {}
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
             _finish(channel, {"op": "invalid", "why": f"grade() returned {type(reward).__name__}, "
                               "not a number"})
             sys.exit(1)

@@ -9,6 +9,7 @@ The grader stamps its own progress with time.perf_counter_ns(). On Linux that is
 CLOCK_MONOTONIC, and the sandbox has no time namespace, so the stamps are on the
 benchmark's clock: it splits the grader's time into start-up, grade() and exit.
 """
+import random
 import time
 
 from karotte.environment import Environment, Grade
@@ -25,7 +26,8 @@ class AnswerFile(Environment):
 
     @staticmethod
     def numbers(seed):
-        return 1000 + seed * 7, 2000 + seed * 13
+        rng = random.Random(f"answer-file:{seed}")
+        return rng.randint(1000, 9999), rng.randint(1000, 9999)
 
     def prompt(self, seed):
         return ("The file /workspace/numbers.txt holds two integers. Write their sum as a "

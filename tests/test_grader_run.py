@@ -6,7 +6,7 @@ import os
 import re
 
 import pytest
-from envs.grader_api import RAW, RawRunRequests, RunWithFiles
+from envs.grader_api import RAW, FractionReward, RawRunRequests, RunWithFiles
 
 from karotte.episode import Episode
 from karotte.grader_runtime import RUN_FILES_BYTES, GradeContext, GraderError, check_run
@@ -73,3 +73,10 @@ def test_a_code_loading_variable_passes_when_the_grader_names_it_and_harmless_on
     check_run({}, {"PYTHONHASHSEED": "0", "KAROTTE_MODE": "x"}, "/", [])
     with pytest.raises(GraderError, match="LD_PRELOAD"):
         check_run({}, {"PYTHONPATH": "/w", "LD_PRELOAD": "/w/x.so"}, "/", ["PYTHONPATH"])
+
+
+def test_a_bare_real_number_from_grade_is_the_reward(no_leaks):
+    with Episode(FractionReward(), seed=1) as ep:
+        ep.reset()
+        outcome = ep.finish()
+    assert (outcome.reward, outcome.reason) == (0.5, "graded")

@@ -110,6 +110,13 @@ def outcome_json(target: str, seed: int, outcome) -> dict:
     return {**outcome.to_dict(), "env": target, "seed": seed}
 
 
+def unplayed_json(target: str, seed: int, why: str) -> dict:
+    """The record of an episode that could not even start: outcome_json's keys, no result."""
+    return {"env": target, "seed": seed, "reward": None, "reason": "infra_error",
+            "violations": [], "violations_dropped": 0, "infra_error": why[:4096],
+            "timings": {}, "log": [], "details": {}, "details_dropped": 0, "grader_log": ""}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .. import lifecycle
     from ..episode import set_concurrency
@@ -147,9 +154,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             try:
                 return outcome_json(args.env, seed, await _play(env, seed, calls))
             except Exception as exc:  # the episode could not even start: the infrastructure's
-                return {"env": args.env, "seed": seed, "reward": None, "reason": "infra_error",
-                        "violations": [], "infra_error": f"{type(exc).__name__}: {exc}",
-                        "timings": {}}
+                return unplayed_json(args.env, seed, f"{type(exc).__name__}: {exc}")
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
