@@ -1,4 +1,4 @@
-"""Reward hacks against whole episodes, as scripted agents (IDs from redteam/ATTACKS.md).
+"""Reward hacks against whole episodes, as scripted agents (IDs from docs/attacks.md).
 
 Each test plants one attack through the agent's tools (exec, write_file), then finish(),
 and asserts what the catalogue says must happen: the grader completes within a bound,

@@ -1,4 +1,4 @@
-"""Attacks from ../shared/redteam/ATTACKS.md that the sandbox layer alone must stop.
+"""Attacks of docs/attacks.md that the sandbox layer alone must stop.
 
 Each test plants the attack as the agent would (commands inside a real sandbox) and
 asserts the entry's "must happen": the attack fails inside, the host is unaffected,

@@ -1,4 +1,4 @@
-"""The custody scan (karotte/scan.py) against the FS-* attacks of ../shared/redteam/ATTACKS.md.
+"""The custody scan (karotte/scan.py) against the FS-* attacks of docs/attacks.md.
 
 Each test plants the attack in a real sandbox's /workspace as the agent would (uid
 1000 inside), kills the sandbox (D1), scans the workspace fd the host holds and checks
