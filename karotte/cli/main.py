@@ -395,7 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="play episodes: the reference solution, or a scripted agent",
                        description="Exit status: 0 when every episode ran (whatever its "
                                    "reward), 1 when any had an infrastructure error, 2 for "
-                                   "bad usage.")
+                                   "bad usage, 128+N when ended by signal N (SIGINT, SIGTERM, "
+                                   "SIGHUP), after the summary of the episodes that finished.")
     p.add_argument("env", help="module or module:Name of an Environment")
     p.add_argument("-n", type=int, default=1, help="episodes (default 1)")
     p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
