@@ -13,14 +13,12 @@ through would visibly raise the reward.
 from __future__ import annotations
 
 import hashlib
-import os
 import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-import psutil
 
 from . import cgroups
 from .environment import Environment
@@ -322,20 +320,6 @@ def _canaries() -> dict[str, str]:
     return out
 
 
-def _survivors() -> list[int]:
-    """Live processes in a cgroup this process made (none may outlive its episode)."""
-    mine = f"/karotte-{os.getpid()}."
-    found = []
-    for pid in psutil.pids():
-        try:
-            with open(f"/proc/{pid}/cgroup") as f:
-                if mine in f.read():
-                    found.append(pid)
-        except OSError:
-            continue
-    return found
-
-
 def _play(env: Environment, seed: int, *phases: Sequence) -> tuple[Outcome, float]:
     """One episode playing phases of steps (the reference's, then an attack's): bash
     commands, or ("read_file"|"write_file"|"give_up", arguments) tool calls. Each phase
@@ -427,7 +411,7 @@ class _Judge:
         left = sorted(set(cgroups.find_created_by()) - cgroups.pooled_paths())
         if left:
             problems.append(f"left cgroups behind: {left[:3]}")
-        alive = _survivors()
+        alive = cgroups.processes_of()
         if alive:
             problems.append(f"sandbox processes still alive: {alive[:5]}")
         self.record(name, outcome, secs, not problems,

@@ -1258,6 +1258,23 @@ def find_created_by(pid: int | None = None) -> list[str]:
     return _find(lambda name: name.startswith(prefix))
 
 
+def processes_of(pid: int | None = None) -> list[int]:
+    """Host pids (zombies included) in a karotte-* cgroup that process pid (default: this
+    one) made: none may outlive the sandbox it was in."""
+    mark = f"/{PREFIX}{os.getpid() if pid is None else pid}."
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cgroup") as f:
+                if mark in f.read():
+                    found.append(int(entry))
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
 def remove_stale(path: str, timeout: float = 5.0) -> None:
     """Kill what is inside a karotte-* cgroup directory (and below it) and remove it."""
     path = os.path.realpath(path)  # cpu -> cpu,cpuacct style links sit above hierarchies

@@ -716,7 +716,7 @@ class _Judge:
                          f"files belong to {where}, group {gid}; {binds}")
 
     def separate_host_uid(self) -> Protection:
-        from .sandbox import AGENT_UID, DEFAULT_UID_BASE
+        from .sandbox import DEFAULT_UID_BASE
 
         name = "separate-host-uid"
         how = (f"as root, the sandbox's ids map to host {DEFAULT_UID_BASE:#x}.. "

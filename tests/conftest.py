@@ -1,10 +1,16 @@
 """Shared fixtures: real sandboxes, and a check that a test left nothing on the host."""
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import os
 import platform
+import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import psutil
 import pytest
@@ -77,6 +83,41 @@ def needs_sandbox():
 
 def open_fds() -> set[int]:
     return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+@contextlib.contextmanager
+def only_fds_to_spare(spare: int):
+    """Within: exactly `spare` free fd numbers left to this process. Every free number
+    below the limit is filled (there may be none), then the limit is raised by exactly
+    `spare`; the old limit comes back afterwards."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    top = max(open_fds())
+    resource.setrlimit(resource.RLIMIT_NOFILE, (top + 1, hard))
+    filler = []
+    try:
+        while True:
+            try:
+                filler.append(os.open("/dev/null", os.O_RDONLY))
+            except OSError as exc:
+                assert exc.errno == errno.EMFILE
+                break
+        resource.setrlimit(resource.RLIMIT_NOFILE, (top + 1 + spare, hard))
+        for fd in range(top + 1):
+            fcntl.fcntl(fd, fcntl.F_GETFD)  # raises if a number below the old limit is free
+        yield
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.fixture
+def shared_dir():
+    """A host directory that others may read (pytest's tmp_path is private to root)."""
+    path = tempfile.mkdtemp(prefix="karotte-test-bind-")
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path)
 
 
 def sandbox_processes() -> set[int]:

@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 import time
 
-import pytest
-
 from karotte.sandbox import AsyncSandbox
 
 # From "before the thread has started" to "after it has returned": cancellations that land

@@ -6,7 +6,6 @@ import shutil
 import stat
 import subprocess
 import sysconfig
-import tempfile
 
 import pytest
 
@@ -15,15 +14,6 @@ from karotte.spec import Bind, BindError, MiB, SandboxSpec
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the agent then runs "
                                 "as a host uid of its sandbox's own")
-
-
-@pytest.fixture
-def host_dir():
-    """A host directory that others may read (pytest's tmp_path is private to root)."""
-    path = tempfile.mkdtemp(prefix="karotte-test-bind-")
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(path)
 
 
 @pytest.mark.parametrize("dst", ["/", "/proc", "/proc/sys", "/dev", "/dev/shm", "/sys"])
@@ -52,24 +42,24 @@ def test_a_bind_inside_another_bind_is_refused():
                                          ("/tmp", "/tmp"), ("/home/agent", "/home/agent"),
                                          ("/home", "/home/agent")])
 def test_a_bind_onto_a_mount_of_karotte_is_refused_naming_what_it_would_hide(
-        no_leaks, host_dir, dst, hidden):
+        no_leaks, shared_dir, dst, hidden):
     with pytest.raises(BindError, match=f"would hide {hidden},"):
-        Sandbox(SandboxSpec(binds=(Bind(host_dir, dst),)))
+        Sandbox(SandboxSpec(binds=(Bind(shared_dir, dst),)))
 
 
-def test_a_bind_onto_workspace_puts_the_host_directory_in_its_place(no_leaks, host_dir):
-    with open(os.path.join(host_dir, "input.txt"), "w") as f:
+def test_a_bind_onto_workspace_puts_the_shared_directory_in_its_place(no_leaks, shared_dir):
+    with open(os.path.join(shared_dir, "input.txt"), "w") as f:
         f.write("from the host")
-    with Sandbox(SandboxSpec(binds=(Bind(host_dir, "/workspace"),))) as sb:
+    with Sandbox(SandboxSpec(binds=(Bind(shared_dir, "/workspace"),))) as sb:
         assert sb.exec(["cat", "input.txt"]).stdout == b"from the host"  # the cwd
         r = sb.exec(["touch", "new"])
         assert r.exit_code != 0 and b"Read-only" in r.stderr
 
 
-def test_a_bind_below_a_read_only_mount_needs_a_mount_point_that_exists_there(no_leaks, host_dir):
+def test_a_bind_below_a_read_only_mount_needs_a_mount_point_that_exists_there(no_leaks, shared_dir):
     with pytest.raises(BindError, match="/usr is read-only in the sandbox.*/usr/karotte-no-such"):
-        Sandbox(SandboxSpec(binds=(Bind(host_dir, "/usr/karotte-no-such"),)))
-    hosts = os.path.join(host_dir, "hosts")
+        Sandbox(SandboxSpec(binds=(Bind(shared_dir, "/usr/karotte-no-such"),)))
+    hosts = os.path.join(shared_dir, "hosts")
     with open(hosts, "w") as f:
         f.write("10.0.0.1 db\n")
     os.chmod(hosts, 0o644)
@@ -78,34 +68,34 @@ def test_a_bind_below_a_read_only_mount_needs_a_mount_point_that_exists_there(no
 
 
 def test_a_writable_bind_is_outside_the_disk_quota_but_each_file_is_capped_by_the_file_size_limit(
-        no_leaks, host_dir):
-    os.chmod(host_dir, 0o777)  # writable by whatever host uid the agent is
-    spec = SandboxSpec(disk=8 * MiB, binds=(Bind(host_dir, "/data", writable=True),))
+        no_leaks, shared_dir):
+    os.chmod(shared_dir, 0o777)  # writable by whatever host uid the agent is
+    spec = SandboxSpec(disk=8 * MiB, binds=(Bind(shared_dir, "/data", writable=True),))
     with Sandbox(spec) as sb:
         r = sb.exec("head -c 6M /dev/zero > /data/a && head -c 6M /dev/zero > /data/b")
         assert r.exit_code == 0, r.stderr  # 12 MiB through a bind of a sandbox with 8 MiB
         r = sb.exec("head -c 9M /dev/zero > /data/c")
         assert r.exit_code != 0 and b"File too large" in r.stderr
-    assert os.path.getsize(os.path.join(host_dir, "b")) == 6 * MiB
-    assert os.path.getsize(os.path.join(host_dir, "c")) == 8 * MiB
+    assert os.path.getsize(os.path.join(shared_dir, "b")) == 6 * MiB
+    assert os.path.getsize(os.path.join(shared_dir, "c")) == 8 * MiB
 
 
 @needs_root
 def test_as_root_a_writable_bind_needs_no_mode_777_and_takes_the_agents_own_uid_and_gid(
-        no_leaks, host_dir):
+        no_leaks, shared_dir):
     # The documented set-up: the agent gid (the same in every sandbox) may write the
     # directory; nobody else gets anything.
     agent_gid = DEFAULT_UID_BASE + AGENT_UID
-    os.chown(host_dir, 0, agent_gid)
-    os.chmod(host_dir, 0o2770)
-    spec = SandboxSpec(binds=(Bind(host_dir, "/data", writable=True),))
+    os.chown(shared_dir, 0, agent_gid)
+    os.chmod(shared_dir, 0o2770)
+    spec = SandboxSpec(binds=(Bind(shared_dir, "/data", writable=True),))
     with Sandbox(spec) as sb:
         assert sb.exec("echo made > /data/out").exit_code == 0
         agent = os.stat(".", dir_fd=sb.workspace_fd).st_uid
-    st = os.stat(os.path.join(host_dir, "out"))
+    st = os.stat(os.path.join(shared_dir, "out"))
     assert st.st_uid == agent and st.st_uid in ns_owner_ids() and st.st_gid == agent_gid
     assert not st.st_mode & (stat.S_ISUID | stat.S_ISGID)
-    with Sandbox(SandboxSpec(binds=(Bind(host_dir, "/data"),))) as sb:
+    with Sandbox(SandboxSpec(binds=(Bind(shared_dir, "/data"),))) as sb:
         assert sb.exec(["cat", "/data/out"]).stdout == b"made\n"  # another sandbox reads it
 
 
@@ -122,20 +112,20 @@ with Sandbox(spec) as sb:
 
 
 @needs_root
-def test_an_unprivileged_callers_writable_bind_is_written_as_the_caller_itself(host_dir):
+def test_an_unprivileged_callers_writable_bind_is_written_as_the_caller_itself(shared_dir):
     nobody = 65534
     if not shutil.which("setpriv") or not os.path.exists("/usr/bin/python3"):
         pytest.skip("needs setpriv (util-linux) and /usr/bin/python3 to run as uid 65534")
     project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     site = sysconfig.get_paths()["purelib"]
-    os.chown(host_dir, nobody, nobody)
-    os.chmod(host_dir, 0o700)  # the caller's own directory, closed to everyone else
+    os.chown(shared_dir, nobody, nobody)
+    os.chmod(shared_dir, 0o700)  # the caller's own directory, closed to everyone else
     r = subprocess.run(["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups",
-                        "/usr/bin/python3", "-c", UNPRIVILEGED_RW_BIND, host_dir],
+                        "/usr/bin/python3", "-c", UNPRIVILEGED_RW_BIND, shared_dir],
                        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{project}:{site}"},
                        capture_output=True, text=True, timeout=60, cwd="/")
     if "import" in r.stderr and r.returncode != 0:
         pytest.skip(f"uid {nobody} cannot import karotte from this checkout: {r.stderr[-200:]}")
     assert r.returncode == 0 and r.stdout.split() == [str(AGENT_UID), "0"], r.stderr + r.stdout
-    st = os.stat(os.path.join(host_dir, "out"))
+    st = os.stat(os.path.join(shared_dir, "out"))
     assert (st.st_uid, st.st_gid) == (nobody, nobody)

@@ -18,7 +18,6 @@ from karotte import episode, grading, sandbox
 from karotte.environment import File
 from karotte.episode import AsyncEpisode, Episode, set_concurrency
 from karotte.errors import SandboxClosed
-from karotte.spec import ScanLimits
 
 
 def play(env, seed, commands):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from envs.gitrepo import MARK, CommitTheFix
+from envs.gitrepo import CommitTheFix
 
 from karotte.battery import check
 from karotte.episode import Episode

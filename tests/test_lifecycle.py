@@ -8,8 +8,6 @@ are reaped), and, unless it was SIGKILLed, no cgroup and no private directory ei
 from __future__ import annotations
 
 import asyncio
-import errno
-import fcntl
 import gc
 import json
 import os
@@ -28,6 +26,8 @@ import pytest
 from karotte import cgroups, hostdirs
 from karotte.errors import SandboxError
 from karotte.sandbox import AsyncSandbox, Sandbox
+
+from conftest import only_fds_to_spare
 
 TESTS = Path(__file__).resolve().parent
 KILLS = 20  # trainers killed in a row by each kill test
@@ -99,20 +99,6 @@ asyncio.run(main())
 """
 
 
-def processes_of(creator: int) -> list[int]:
-    """Processes, zombies included, in a cgroup that process `creator` made."""
-    mark = f"/{cgroups.PREFIX}{creator}."
-    found = []
-    for pid in psutil.pids():
-        try:
-            with open(f"/proc/{pid}/cgroup") as f:
-                if mark in f.read():
-                    found.append(pid)
-        except OSError:
-            continue
-    return found
-
-
 def dirs_of(creator: int) -> list[str]:
     top = hostdirs.runtime_dir()
     return [os.path.join(top, n) for n in os.listdir(top)
@@ -121,7 +107,7 @@ def dirs_of(creator: int) -> list[str]:
 
 def wait_gone(creator: int) -> list[int]:
     deadline = time.monotonic() + GONE_WITHIN
-    while (left := processes_of(creator)) and time.monotonic() < deadline:
+    while (left := cgroups.processes_of(creator)) and time.monotonic() < deadline:
         time.sleep(0.02)
     return left
 
@@ -376,26 +362,8 @@ def test_the_soft_fd_limit_is_raised_to_the_hard_one_at_import():
 
 @pytest.mark.parametrize("spare", range(6))  # the 3 pipes of an exec take 6
 def test_running_out_of_fds_in_exec_is_named_as_the_cause(no_leaks, spare):
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     with Sandbox() as sb:
-        top = max(int(fd) for fd in os.listdir("/proc/self/fd"))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (top + 1, hard))
-        filler = []
-        try:
-            while True:  # every free number below the limit ...
-                try:
-                    filler.append(os.open("/dev/null", os.O_RDONLY))
-                except OSError as exc:
-                    assert exc.errno == errno.EMFILE
-                    break
-            # ... then exactly `spare` more, all free
-            resource.setrlimit(resource.RLIMIT_NOFILE, (top + 1 + spare, hard))
-            for fd in range(top + 1):
-                fcntl.fcntl(fd, fcntl.F_GETFD)  # raises if a number below the old limit is free
+        with only_fds_to_spare(spare):
             with pytest.raises(SandboxError, match="out of file descriptors"):
                 sb.exec(["true"])
-        finally:
-            for fd in filler:
-                os.close(fd)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         assert sb.exec(["echo", "ok"]).stdout == b"ok\n"

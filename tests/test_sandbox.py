@@ -4,8 +4,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import errno
-import fcntl
 import os
 import resource
 import shlex
@@ -15,13 +13,11 @@ import subprocess
 import sys
 import time
 
-import shutil
-import tempfile
 
 import psutil
 import pytest
 
-from conftest import child_inits, karotte_cgroups, py, sandbox_processes
+from conftest import child_inits, karotte_cgroups, only_fds_to_spare, py, sandbox_processes
 from karotte.errors import SandboxClosed, SandboxError
 from karotte.sandbox import (DEFAULT_UID_BASE, AGENT_UID, AsyncSandbox, Sandbox, _drive_sync,
                              ns_owner_ids)
@@ -306,15 +302,6 @@ def test_OUT_FLOOD_01_a_flood_past_the_limit_costs_the_trainer_almost_no_cpu(no_
         assert spent < 0.6, f"the trainer spent {spent:.2f} s of CPU on 3 s of single bytes"
 
 
-@pytest.fixture
-def shared_dir():
-    """A host directory that others may read (pytest's tmp_path is private to root)."""
-    path = tempfile.mkdtemp(prefix="karotte-test-bind-")
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(path)
-
-
 def test_binds_are_read_only_unless_asked(no_leaks, shared_dir):
     with open(os.path.join(shared_dir, "data.txt"), "w") as f:
         f.write("from the host")
@@ -483,28 +470,10 @@ def test_running_out_of_fds_is_named_as_the_cause(no_leaks, spare):
     # The backend is detected again, as in a fresh trainer: probing it needs fds too.
     from karotte import cgroups
     cgroups.detect.cache_clear()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    top = max(int(fd) for fd in os.listdir("/proc/self/fd"))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (top + 1, hard))
-    filler = []
-    try:
-        while True:  # fill every free number below the limit (there may be none) ...
-            try:
-                filler.append(os.open("/dev/null", os.O_RDONLY))
-            except OSError as exc:
-                assert exc.errno == errno.EMFILE
-                break
-        # ... then raise the limit by exactly `spare` numbers, all free
-        resource.setrlimit(resource.RLIMIT_NOFILE, (top + 1 + spare, hard))
-        for fd in range(top + 1):
-            fcntl.fcntl(fd, fcntl.F_GETFD)  # raises if a number below the old limit is free
+    with only_fds_to_spare(spare):
         with pytest.raises(SandboxError, match="out of file descriptors"):
             with Sandbox():
                 pass
-    finally:
-        for fd in filler:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @pytest.mark.cgroup2

@@ -12,7 +12,6 @@ import argparse
 import base64
 import dataclasses
 import json
-import math
 import os
 import re
 import select
