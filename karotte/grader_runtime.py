@@ -265,6 +265,17 @@ class GradeContext:
         dot_git = self.submission / repo / ".git"
         if dot_git.is_symlink() or not dot_git.is_dir():
             raise GraderError(f"{repo} is not a git repository with a .git directory")
+        inner = _inner_repository(self.submission / repo)
+        if inner is not None:
+            # ENV-BUILD-01: git runs a child git in each submodule (status, diff) with
+            # GIT_DIR set to the submodule's own .git, which skips the ownership check
+            # behind safe.directory: the child reads the agent's config there and runs
+            # its core.fsmonitor, hooks and drivers in the grader's run.
+            raise GraderError(
+                f"{posixpath.join(repo, inner)} is a git repository inside {repo} (a "
+                "submodule or an embedded repository): git would run the programs its "
+                "config names, which the agent wrote, so ctx.git refuses a repository "
+                "that holds one")
         worktree = posixpath.normpath(f"{WORKSPACE}/{repo}")
         files = _git_state(dot_git)
         files["git/objects/info/alternates"] = f"{worktree}/.git/objects\n".encode()
@@ -357,6 +368,18 @@ class GradeContext:
         if "error" in reply:
             raise GraderError(reply["error"])
         return reply
+
+
+def _inner_repository(worktree: Path) -> str | None:
+    """The first `.git` (a directory, or a gitfile naming one) below worktree's own,
+    relative to worktree, or None."""
+    for root, dirs, names in os.walk(worktree):
+        if root == str(worktree):
+            dirs[:] = [d for d in dirs if d != ".git"]
+            continue
+        if ".git" in dirs or ".git" in names:
+            return str(Path(root, ".git").relative_to(worktree))
+    return None
 
 
 def _git_state(dot_git: Path) -> dict[str, bytes]:
