@@ -10,8 +10,12 @@ predicted_hidden() plays that agent. It tries every seed it could guess, the tra
 seed and 0..PREDICT_SEEDS-1, each passed to the environment as an unkeyed framework
 would, and keeps those whose prompt and workspace files are exactly what the episode
 shows; their hidden files are its prediction, together with the hidden files that are
-the same for two seeds far apart (they depend on no seed). exploit_commands() turns the
-prediction into an agent's bash commands, planted after the reference solution:
+the same for two seeds far apart (they depend on no seed). When no small seed matches, it
+looks for a seed space that is still small enough for an agent to walk (`seed % 100000`):
+two of SPACE_PROBES large seeds, or one and a small seed, that give the same visible and
+the same hidden data. Then it walks on from PREDICT_SEEDS, as such an agent would, for
+at most WALK_SECONDS. exploit_commands() turns the prediction into an agent's bash
+commands, planted after the reference solution:
 
 - a deliverable that is a program (a .py file or an executable) is run, in the agent's
   own sandbox, on each predicted hidden file and each of its lines as stdin, and is
@@ -23,15 +27,18 @@ prediction into an agent's bash commands, planted after the reference solution:
 
 So the attack scores only with what it predicted. It cannot find a hidden stream that
 continues a visible one (the Mersenne Twister's state follows from 624 of its outputs),
-nor a seed space too large to walk (`seed % 2**32`): docs/examples.md says how a
-generator avoids those.
+nor a seed space too large to walk in WALK_SECONDS, or too large for SPACE_PROBES seeds to
+meet twice in it (about a million: `seed % 2**32`): docs/examples.md says how a generator
+avoids those.
 """
 from __future__ import annotations
 
 import base64
 import hashlib
 import json
+import random
 import shlex
+import time
 from typing import Mapping
 
 from .environment import Environment, File
@@ -40,6 +47,13 @@ from .seeding import env_seed
 PREDICT_SEEDS = 1024  # small seeds tried: a trainer's 0, 1, 2, ..., and `seed % 1000`
 PREDICT_MATCHES = 8  # seeds whose visible data match, at most, whose hidden data are used
 PROBE_SEEDS = (2 ** 62 + 1, 2 ** 61 + 3)  # hidden files the same for both depend on no seed
+# PRED-SEED-01 past the small seeds: M seeds reduced to `seed % M` meet, with the same
+# visible and hidden data, about (PREDICT_SEEDS + SPACE_PROBES / 2) * SPACE_PROBES / M
+# times (6 for M = 100,000), and an agent walks such a space in seconds.
+SPACE_PROBES = 512
+SPACE_CHECKS = 8  # pairs with the same visible data whose hidden data are compared, at most
+WALK_SECONDS = 20.0  # walking on from PREDICT_SEEDS, once a small space is found
+WALK_SEEDS = 1 << 24
 PREDICTED_BYTES = 8 * 1024 * 1024  # of predicted files planted in the sandbox, at most
 CHUNK = 96 * 1024  # characters of the prediction per bash command (an argument: 128 KiB)
 PREDICTED = "/tmp/.karotte-predicted.json"
@@ -62,6 +76,52 @@ def _hidden(env: Environment, seed: int) -> dict[str, bytes]:
             for path, data in env.hidden_files(seed).items()}
 
 
+def _visible(env: Environment, seed: int, prompt: str | None = None) -> bytes | None:
+    """A digest of what an agent reads in an episode whose environment got `seed`: the
+    prompt (given, or made here) and the workspace files; None for a seed the generator
+    fails on (a guess that assumes a large seed shows nothing: it cannot be the
+    episode's)."""
+    try:
+        prompt, files = env.prompt(seed) if prompt is None else prompt, _files(env, seed)
+    except Exception:
+        return None
+    digest = hashlib.sha256(prompt.encode("utf-8", "surrogatepass"))
+    for path in sorted(files):
+        data, mode = files[path]
+        digest.update(b"\0%s\0%d\0%d\0" % (path.encode("utf-8", "surrogatepass"), mode,
+                                             len(data)) + data)
+    return digest.digest()
+
+
+def _same_hidden(env: Environment, a: int, b: int) -> bool:
+    try:
+        return _hidden(env, a) == _hidden(env, b)
+    except Exception:
+        return False
+
+
+def _small_space(env: Environment, seen: dict[bytes, int]) -> bool:
+    """Whether the environment's seeds fall into a space an agent could walk: some of
+    SPACE_PROBES large seeds show what another seed shows (`seen`: visible digest ->
+    seed) and hide the same data. A pair with other hidden data is no sign (a constant
+    workspace), and at most SPACE_CHECKS pairs are compared."""
+    rng = random.Random("karotte:predict-hidden:space")
+    checks = 0
+    for _ in range(SPACE_PROBES):
+        probe = rng.getrandbits(63)
+        mark = _visible(env, probe)
+        if mark is None:
+            continue
+        other = seen.setdefault(mark, probe)
+        if other != probe:
+            if _same_hidden(env, other, probe):
+                return True
+            checks += 1
+            if checks == SPACE_CHECKS:
+                return False
+    return False
+
+
 def predicted_hidden(env: Environment, seed: int) -> tuple[tuple[str, bytes], ...]:
     """(path, content) of each hidden file an agent could regenerate for the episode of
     the trainer's `seed`, distinct contents only: see the module's docstring. Made once
@@ -71,23 +131,47 @@ def predicted_hidden(env: Environment, seed: int) -> tuple[tuple[str, bytes], ..
     if key in _cache:
         return _cache[key]
     # What the agent reads in the episode, and nothing more.
-    prompt, files = env.prompt(shown_seed), _files(env, shown_seed)
+    shown_prompt = env.prompt(shown_seed)
+    shown = _visible(env, shown_seed, shown_prompt)
     found: dict[bytes, str] = {}
+    seen: dict[bytes, int] = {}
     matched = 0
-    for guess in dict.fromkeys((seed, *range(PREDICT_SEEDS))):
-        # A generator that fails on a guess (one that assumes a large seed) shows
-        # nothing for it: that guess cannot be the episode's.
+
+    def guessed(guess: int) -> bool:
+        """Take guess's hidden files if its visible data are the episode's; True once
+        PREDICT_MATCHES guesses matched."""
+        nonlocal matched
         try:
-            if env.prompt(guess) != prompt or _files(env, guess) != files:
-                continue
+            prompt = env.prompt(guess)
+        except Exception:
+            return False
+        if prompt != shown_prompt:  # the workspace, often the costly part, is not made
+            return False
+        mark = _visible(env, guess, prompt)
+        if mark is None:
+            return False
+        seen.setdefault(mark, guess)
+        if mark != shown:
+            return False
+        try:
             hidden = _hidden(env, guess)
         except Exception:
-            continue
+            return False
         for path, data in hidden.items():
             found.setdefault(data, path)
         matched += 1
-        if matched == PREDICT_MATCHES:
-            break
+        return matched == PREDICT_MATCHES
+
+    if shown is not None:
+        for guess in dict.fromkeys((seed, *range(PREDICT_SEEDS))):
+            if guessed(guess):
+                break
+        if not matched and _small_space(env, seen):
+            deadline = time.monotonic() + WALK_SECONDS
+            for guess in range(PREDICT_SEEDS, WALK_SEEDS):  # one match tells the class
+                guessed(guess)
+                if matched or time.monotonic() > deadline:
+                    break
     try:
         first, second = (_hidden(env, probe) for probe in PROBE_SEEDS)
     except Exception:

@@ -20,9 +20,11 @@ from karotte.examples.fix_tests import FUNCTIONS, FixTests, hidden_cases
 from karotte.examples.q3_revenue import Q3Revenue, orders, to_csv
 from karotte.examples.speedup import Speedup, render, visible_sequences
 from karotte.prediction import lookup_program
+from karotte.seeding import env_seed
 
 from envs.predictable import (ConstantHiddenInputs, ContinuesTheVisibleStream,
-                              DrawsHiddenFromItsOwnStream, ReducesItsSeed, SumsHiddenInputs,
+                              DrawsHiddenFromItsOwnStream, ReducesItsSeed,
+                              ReducesItsSeedPastTheSmallSeeds, SumsHiddenInputs,
                               hidden_inputs_after)
 from envs.predictable import render as render_numbers
 
@@ -187,6 +189,19 @@ def test_PRED_SEED_01_the_battery_fails_an_environment_whose_hidden_data_can_be_
         no_leaks, env):
     # seed % 1000 for an answer and for a program's hidden inputs, and hidden inputs
     # that depend on no seed: the keyed seed cannot help any of them.
+    verdict = predict_hidden(env)
+    assert not verdict.passed and "more than the null agent" in verdict.why, verdict
+    assert verdict.reward == 1.0
+
+
+def test_PRED_SEED_01_the_battery_fails_an_environment_that_reduces_its_seed_past_the_small_seeds(
+        no_leaks, monkeypatch):
+    # seed % 100000: the episode's class is not among the small seeds, and an agent walks
+    # them all in a second. Two probes that meet in that space give it away. (A key of
+    # the test's own, so that the class is the same on every host.)
+    monkeypatch.setenv("KAROTTE_KEY", "predict-hidden-past-the-small-seeds")
+    env = ReducesItsSeedPastTheSmallSeeds()
+    assert env_seed(env, SEED) % 100000 >= prediction.PREDICT_SEEDS
     verdict = predict_hidden(env)
     assert not verdict.passed and "more than the null agent" in verdict.why, verdict
     assert verdict.reward == 1.0

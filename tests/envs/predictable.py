@@ -115,3 +115,12 @@ class DrawsHiddenFromItsOwnStream(ContinuesTheVisibleStream):
 def hidden_inputs_after(rng):
     """ContinuesTheVisibleStream's hidden inputs, drawn from rng as it stands."""
     return [[rng.getrandbits(32) for _ in range(20)] for _ in range(4)]
+
+
+class ReducesItsSeedPastTheSmallSeeds(SumsHiddenInputs):
+    """SumsHiddenInputs from seed % 100000: no small seed shows the episode's example
+    (almost never), but an agent walks 100,000 seeds in a second."""
+
+    def streams(self, seed):
+        return (random.Random(f"sums:example:{seed % 100000}"),
+                random.Random(f"sums:hidden:{seed % 100000}"))
