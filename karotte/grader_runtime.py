@@ -261,7 +261,8 @@ class GradeContext:
         refs, packed-refs, index and shallow copied as data, a config that names nothing,
         no hooks, and the repository's objects read through an alternate. For commands
         that read (log, diff, show, status, rev-parse, ls-files): the run is read-only."""
-        _check_path(repo, "repo", absolute=False)
+        if repo != ".":  # the default: the submission itself is the work tree
+            _check_path(repo, "repo", absolute=False)
         dot_git = self.submission / repo / ".git"
         if dot_git.is_symlink() or not dot_git.is_dir():
             raise GraderError(f"{repo} is not a git repository with a .git directory")

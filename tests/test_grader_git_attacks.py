@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 
 from envs.gitrepo import MARK, CommitTheFix
+from envs.gitroot import CommitTheFixAtTheRoot
 
 from karotte.episode import Episode
 
@@ -47,3 +48,14 @@ def test_ENV_BUILD_01_an_embedded_repository_with_a_gitfile_is_refused_too(no_le
     assert MARK not in str(outcome.details) + outcome.grader_log
     assert (outcome.reward, outcome.reason) == (0.0, "grader_crashed")
     assert "repo/sub/.git is a git repository inside repo" in outcome.grader_log
+
+
+def test_ctx_git_reads_a_repository_at_the_workspace_root_by_default(no_leaks):
+    # repo="." is ctx.git's default: the submission itself is the work tree.
+    with Episode(CommitTheFixAtTheRoot(), seed=1) as ep:
+        ep.reset()
+        for command in ep.reference_solution():
+            assert ep.exec(command).exit_code == 0
+        outcome = ep.finish()
+    assert (outcome.reward, outcome.reason) == (1.0, "graded"), (outcome.details,
+                                                                 outcome.grader_log)
