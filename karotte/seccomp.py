@@ -500,6 +500,10 @@ SO_ATTACH_REUSEPORT_EBPF = 52
 POSIX_FADV_DONTNEED = 4  # 6 on s390 only
 
 RWF_NOWAIT = 0x00000008  # preadv2/pwritev2 flags, args[5] on x86_64 and aarch64
+# Requests for the host's reserved huge pages; the same bits on x86_64 and aarch64.
+MAP_HUGETLB = 0x40000  # mmap flags, args[3]
+MFD_HUGETLB = 0x0004  # memfd_create flags, args[1]
+SHM_HUGETLB = 0o4000  # shmget flags, args[2]
 
 # --- Policy -----------------------------------------------------------------------------
 
@@ -615,7 +619,9 @@ class Deny:
     arguments the default policy inspects, which the kernel itself truncates to 32 bits
     (ioctl's cmd, socket's domain, clone's flags, personality's persona, seccomp's op,
     prctl's option, setsockopt's level and optname, fadvise64's advice, the RWF flags of
-    preadv2 and pwritev2), so a caller cannot hide a value in the high word.
+    preadv2 and pwritev2), so a caller cannot hide a value in the high word; a flag bit of
+    the low word (mmap's MAP_HUGETLB, shmget's SHM_HUGETLB, memfd_create's MFD_HUGETLB) is
+    where the kernel reads it, whatever the high word holds.
     prctl(PR_SET_SECCOMP)'s mode is a whole unsigned long to the kernel: an ArgIn on its
     low word also matches values the kernel rejects (EINVAL), never fewer than it accepts.
     """
@@ -702,11 +708,18 @@ DEFAULT_POLICY = Policy(entries=(
     Allow(("read", "write", "readv", "writev", "pread64", "pwrite64", "preadv", "pwritev",
            "lseek", "sendfile", "splice", "tee", "vmsplice", "copy_file_range", "close",
            "close_range", "dup", "dup2", "dup3", "fcntl", "flock", "pipe", "pipe2", "fsync",
-           "fdatasync", "sync_file_range", "sync", "syncfs", "fallocate", "truncate",
+           "fdatasync", "sync_file_range", "fallocate", "truncate",
            "ftruncate", "readahead"),
           reason="I/O on fds the caller holds; the mount plan decides what it can open, and "
                  "RLIMIT_FSIZE and the tmpfs sizes cap what it writes. flock on a read-only "
                  "bind is seen by every sandbox (docs/side-channels.md)"),
+    Deny(("sync", "syncfs"), errno=0,
+         reason="RES-SYNC-01: sync flushes the dirty data of every filesystem of the host, "
+                "and syncfs of an fd of a read-only bind that of the host's root: in a "
+                "loop they hold the trainer's own writes (checkpoints, logs) to the disk's "
+                "pace. The sandbox's writable filesystems are tmpfs, which they do not "
+                "touch, so a no-op that returns 0 loses the agent nothing; fsync and "
+                "fdatasync of its own files still run"),
     Deny(("preadv2", "pwritev2"), errno=EOPNOTSUPP, when=ArgHasAnyBit(5, RWF_NOWAIT),
          reason="LINK-CACHE-01: RWF_NOWAIT fails with EAGAIN instead of reading a page that "
                 "is not cached, so it reads the host's page cache of the read-only binds, "
@@ -746,10 +759,19 @@ DEFAULT_POLICY = Policy(entries=(
                  "per sandbox. A watch on a read-only bind sees other sandboxes open the "
                  "file (docs/side-channels.md)"),
     # Memory.
-    Allow(("brk", "mmap", "munmap", "mremap", "mprotect", "msync", "madvise", "mlock", "mlock2",
+    Deny("mmap", when=ArgHasAnyBit(3, MAP_HUGETLB),
+         reason="RES-HUGETLB-01: MAP_HUGETLB takes pages of the host's reserved huge-page "
+                "pool (vm.nr_hugepages, often set on GPU and RDMA nodes), which no memory "
+                "cgroup of the sandbox limits: one agent could take them all from the host "
+                "and every other sandbox. Callers fall back to normal pages; transparent "
+                "huge pages are not affected"),
+    Deny("memfd_create", when=ArgHasAnyBit(1, MFD_HUGETLB),
+         reason="RES-HUGETLB-01: MFD_HUGETLB backs the memfd with the host's reserved huge "
+                "pages, as MAP_HUGETLB does"),
+    Allow(("brk", "munmap", "mremap", "mprotect", "msync", "madvise", "mlock", "mlock2",
            "munlock", "mlockall", "munlockall", "remap_file_pages", "pkey_mprotect",
            "pkey_alloc", "pkey_free", "mseal", "map_shadow_stack", "membarrier",
-           "memfd_create", "mbind", "set_mempolicy", "get_mempolicy",
+           "mbind", "set_mempolicy", "get_mempolicy",
            "set_mempolicy_home_node", "migrate_pages", "move_pages"),
           reason="the caller's own memory, charged to the sandbox's memory cgroup; "
                  "MADV_PAGEOUT pages out only files the caller may write "
@@ -846,7 +868,10 @@ DEFAULT_POLICY = Policy(entries=(
          reason="the clock is shared with the host and every other sandbox: moving it would "
                 "break their timeouts, certificates and logs"),
     # Inter-process communication and the network.
-    Allow(("shmget", "shmat", "shmdt", "shmctl", "semget", "semop", "semtimedop", "semctl",
+    Deny("shmget", when=ArgHasAnyBit(2, SHM_HUGETLB),
+         reason="RES-HUGETLB-01: SHM_HUGETLB makes a segment of the host's reserved huge "
+                "pages, as MAP_HUGETLB does"),
+    Allow(("shmat", "shmdt", "shmctl", "semget", "semop", "semtimedop", "semctl",
            "msgget", "msgsnd", "msgrcv", "msgctl", "mq_open", "mq_unlink", "mq_timedsend",
            "mq_timedreceive", "mq_notify", "mq_getsetattr"),
           reason="System V and POSIX IPC objects live in the sandbox's own IPC namespace "

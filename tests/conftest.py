@@ -28,6 +28,7 @@ PYTHON_IN_SANDBOX = "/usr/bin/python3"  # the host's system Python, bound read-o
 SYSCALL_PROBE = """
 import ctypes, errno, json, sys
 libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long  # an address (mmap) is no int
 out = {}
 for name, nr, args in json.loads(sys.argv[1]):
     ctypes.set_errno(0)

@@ -267,6 +267,10 @@ static long p_cachestat(void) { return syscall(__NR_cachestat, -1, NULL, NULL, 0
 static long p_memfd_secret(void) { return syscall(__NR_memfd_secret, 0xffffffffU); }
 static long p_process_madvise(void) { return syscall(__NR_process_madvise, -1, NULL, 0UL, 0, 0U); }
 static long p_process_mrelease(void) { return syscall(__NR_process_mrelease, -1, 0U); }
+/* sync has no argument to make it fail: it flushes the host's dirty data once, which is
+ * harmless; syncfs of fd -1 is EBADF when it reaches the kernel. */
+static long p_sync(void) { return syscall(SYS_sync); }
+static long p_syncfs(void) { return syscall(SYS_syncfs, -1); }
 
 /* One instruction that accepts everything: SECCOMP_RET_ALLOW to seccomp, "keep the whole
  * packet" to a socket. Loading it is what costs a JIT allocation; it changes nothing. */
@@ -524,6 +528,7 @@ static const struct probe probes[] = {
     P(syslog), P(vhangup), P(lookup_dcookie), P(nfsservctl),
     P(clock_settime), P(settimeofday), P(adjtimex), P(clock_adjtime), P(fanotify_init),
     P(fanotify_mark), P(cachestat), P(memfd_secret), P(process_madvise), P(process_mrelease),
+    P(sync), P(syncfs),
     P(ioctl_fionread), P(ioctl_tiocgwinsz), P(ioctl_tiocsti), P(ioctl_tioclinux),
     {"ioctl_fionread_hibits", HIBITS(p_ioctl_fionread_hibits)},
     {"ioctl_tiocsti_hibits", HIBITS(p_ioctl_tiocsti_hibits)},
