@@ -52,13 +52,22 @@ RUN_FILES_COUNT = 4096  # files in one run
 RUN_FILES_BYTES = 32 * 1024 * 1024  # their contents together
 RUN_PATH_BYTES, RUN_NAME_BYTES, RUN_DEPTH = 4096, 255, 32
 RUN_ENV_BYTES = 64 * 1024  # a run's `env`, names and values together
+RUN_OUTPUT_LIMIT = 16 * 1024 * 1024  # the most output_limit a run may ask for: the host
+# holds both streams of every run of every grading at once
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Variables that make a program load code from a path or run a command it names: set by
 # a grader to a directory of the submission (PYTHONPATH=/workspace puts the agent's
 # unittest.py or json.py before the standard library, ENV-SHADOW-01; PATH=/workspace/bin
 # its trojan python3, ENV-PATH-01), they hand the grader's own harness to the agent.
 CODE_LOADING_ENV = ("LD_*", "PYTHON*", "PATH", "BASH_ENV", "ENV", "PERL5LIB", "PERL5OPT",
-                    "PERLLIB", "RUBYLIB", "RUBYOPT", "NODE_OPTIONS", "NODE_PATH", "GCONV_PATH")
+                    "PERLLIB", "RUBYLIB", "RUBYOPT", "NODE_OPTIONS", "NODE_PATH", "GCONV_PATH",
+                    # the JVM, Lua, Ruby gems, R, Go, Tcl, Guile, git, OpenSSL
+                    "CLASSPATH", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS",
+                    "LUA_PATH*", "LUA_CPATH*", "LUA_INIT*", "GEM_PATH", "GEM_HOME", "R_LIBS*",
+                    "R_PROFILE*", "R_ENVIRON*", "GOFLAGS", "TCLLIBPATH", "GUILE_LOAD_*",
+                    "GIT_*", "OPENSSL_CONF", "OPENSSL_MODULES",
+                    # where rc and config files are read from, and commands run by name
+                    "HOME", "XDG_*", "SHELL", "PAGER", "EDITOR", "VISUAL")
 # ... except these PYTHON* variables, which load nothing.
 HARMLESS_ENV = ("PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONUNBUFFERED",
                 "PYTHONDONTWRITEBYTECODE")
@@ -280,13 +289,13 @@ class GradeContext:
         worktree = posixpath.normpath(f"{WORKSPACE}/{repo}")
         files = _git_state(dot_git)
         files["git/objects/info/alternates"] = f"{worktree}/.git/objects\n".encode()
+        env = {"GIT_DIR": f"{RUN_FILES}/git", "GIT_WORK_TREE": worktree,
+               "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
+               "GIT_ATTR_NOSYSTEM": "1", "GIT_NO_REPLACE_OBJECTS": "1",
+               "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "GIT_PAGER": "cat"}
+        # Karotte's own values, pointing at the grader's copy of the state, never the agent's
         return self.run(["/usr/bin/git", *args], files=files, cwd=worktree, timeout=timeout,
-                        memory=memory, output_limit=output_limit, env={
-                            "GIT_DIR": f"{RUN_FILES}/git", "GIT_WORK_TREE": worktree,
-                            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
-                            "GIT_ATTR_NOSYSTEM": "1", "GIT_NO_REPLACE_OBJECTS": "1",
-                            "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0",
-                            "GIT_PAGER": "cat"})
+                        memory=memory, output_limit=output_limit, env=env, allow_env=list(env))
 
     def compare_speed(self, candidate: Sequence[str], baseline: Sequence[str],
                       inputs: Sequence[bytes], *, expected: Sequence[bytes | str] | None = None,

@@ -29,8 +29,8 @@ from typing import Any, Mapping
 from . import cgroups, hostdirs
 from .environment import Environment, target_of
 from .errors import KarotteError
-from .grader_runtime import (REQUEST_LIMIT, RUN_FILES, WORKSPACE, GraderError, check_run,
-                             encode_result, recv_message, send_message)
+from .grader_runtime import (REQUEST_LIMIT, RUN_FILES, RUN_OUTPUT_LIMIT, WORKSPACE, GraderError,
+                             check_run, encode_result, recv_message, send_message)
 from .results import ExecResult
 from .sandbox import AGENT_UID, DEFAULT_UID_BASE, Sandbox
 from .spec import Bind, SandboxSpec
@@ -326,6 +326,9 @@ def _run_nested(request: dict, parent: cgroups.Cgroup, submission: str,
     # Again on this side: a grader's request must not write outside its run's directory
     # or make the host hold more than the bounds, whatever the grader sends.
     check_run(files, env, cwd, allow_env)
+    output_limit = int(request["output_limit"])
+    if not 0 < output_limit <= RUN_OUTPUT_LIMIT:  # REC-BOUND-01: the host holds it
+        raise GraderError(f"output_limit {output_limit} is not within 1..{RUN_OUTPUT_LIMIT}")
     binds = (Bind(submission, WORKSPACE),)
     placed = private_dir("run") if files else None
     try:
@@ -335,7 +338,7 @@ def _run_nested(request: dict, parent: cgroups.Cgroup, submission: str,
         spec = SandboxSpec(memory=int(request["memory"]), pids=int(request["pids"]),
                            cpus=float(request["cpus"]),
                            timeout=min(float(request["timeout"]), left),
-                           output_limit=int(request["output_limit"]), binds=binds)
+                           output_limit=output_limit, binds=binds)
         with Sandbox(spec, cgroup_parent=parent) as run:
             start = time.monotonic()
             result = run.exec(argv, stdin=stdin, env=env, cwd=cwd)

@@ -45,6 +45,7 @@ def test_the_host_refuses_run_requests_that_would_write_outside_or_hold_too_much
     assert "must be objects" in answers["not-a-mapping"]
     assert "cwd must be an absolute path" in answers["relative-cwd"]
     assert "5000 files for one run" in answers["too-many"]
+    assert f"output_limit {1 << 40} is not within" in answers["huge-output"]
     assert not os.path.exists("/tmp/karotte-escaped")
 
 
@@ -57,11 +58,15 @@ def test_the_host_refuses_run_requests_that_would_write_outside_or_hold_too_much
     ({"env": {"PYTHONPATH": "/workspace"}}, "PYTHONPATH makes programs load code"),
     ({"env": {"LD_PRELOAD": "/workspace/evil.so"}}, "LD_PRELOAD makes programs load code"),
     ({"env": {"PATH": "/workspace/bin:/usr/bin"}}, "PATH makes programs load code"),
+    ({"env": {"JAVA_TOOL_OPTIONS": "-javaagent:/workspace/a.jar"}},
+     "JAVA_TOOL_OPTIONS makes programs load code"),
+    ({"env": {"GIT_EXEC_PATH": "/workspace"}}, "GIT_EXEC_PATH makes programs load code"),
+    ({"env": {"HOME": "/workspace"}}, "HOME makes programs load code"),
     ({"env": {"A=B": "x"}}, "not an environment variable name"),
     ({"cwd": "tests"}, "cwd must be an absolute path"),
     ({"cwd": "/workspace/../hidden"}, "no '..'"),
 ], ids=["parent", "dot", "absolute", "file-and-directory", "oversized", "pythonpath",
-        "ld-preload", "path", "bad-name", "relative-cwd", "cwd-parent"])
+        "ld-preload", "path", "java", "git", "home", "bad-name", "relative-cwd", "cwd-parent"])
 def test_run_refuses_what_a_run_must_not_get_before_anything_is_sent(request_, why):
     ctx = GradeContext(0, channel=None)  # a request that got through would fail to send
     with pytest.raises(GraderError, match=re.escape(why)):

@@ -58,6 +58,7 @@ RAW = {
     "not-a-mapping": {"files": ["a"]},
     "relative-cwd": {"cwd": "workspace"},
     "too-many": {"files": {f"f{i}": "" for i in range(5000)}},
+    "huge-output": {"output_limit": 1 << 40},  # the host would hold up to 2 TiB of output
 }
 
 
