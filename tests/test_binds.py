@@ -47,7 +47,7 @@ def test_a_bind_onto_a_mount_of_karotte_is_refused_naming_what_it_would_hide(
         Sandbox(SandboxSpec(binds=(Bind(shared_dir, dst),)))
 
 
-def test_a_bind_onto_workspace_puts_the_shared_directory_in_its_place(no_leaks, shared_dir):
+def test_a_bind_onto_workspace_puts_the_host_directory_in_its_place(no_leaks, shared_dir):
     with open(os.path.join(shared_dir, "input.txt"), "w") as f:
         f.write("from the host")
     with Sandbox(SandboxSpec(binds=(Bind(shared_dir, "/workspace"),))) as sb:
