@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import shlex
 
-from envs.gitrepo import MARK, CommitTheFix
+from envs.gitrepo import MARK
 from envs.gitroot import CommitTheFixAtTheRoot
 
 from karotte.episode import Episode
+from test_grader_git import play
 
 EVIL = "#!/bin/sh\nm=KAROTTE-GIT-RAN-AGENT-CODE-$((6 * 7))\necho $m\necho $m >&2\n"
 AGENT = "git -c user.name=agent -c user.email=agent@example.com"
@@ -21,15 +22,6 @@ SUBMODULE = [
     f"git add sub calc.py .evil.sh 2>/dev/null && {AGENT} commit -qm 'fix add'",
     "git -C sub config core.fsmonitor /workspace/repo/.evil.sh",
 ]
-
-
-def play(commands):
-    with Episode(CommitTheFix(), seed=1) as ep:
-        ep.reset()
-        for command in commands:
-            r = ep.exec(command)
-            assert r.exit_code == 0, r.text
-        return ep.finish()
 
 
 def test_ENV_BUILD_01_a_submodules_own_config_runs_nothing_in_the_graders_git(no_leaks):
