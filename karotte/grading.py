@@ -12,7 +12,6 @@ and each run has its own limits and is measured from outside.
 """
 from __future__ import annotations
 
-import atexit
 import base64
 import json
 import math
@@ -108,7 +107,6 @@ def grader_library(package: str) -> str:
     import karotte
 
     lib = Path(private_dir("lib"))
-    atexit.register(shutil.rmtree, lib, True)
     karotte_src = Path(karotte.__file__).parent
     (lib / "karotte").mkdir()
     for name in RUNTIME_MODULES:

@@ -7,7 +7,6 @@ not listed here.
 """
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import shutil
@@ -60,10 +59,10 @@ def _userland_ops() -> tuple[tuple[str, str], ...]:
 def etc_dir(hostname: str) -> str:
     """The sandbox's /etc as a host directory: the generated identity files, and copies of
     the host files programs need (rootfs/default.json). Made once per process and hostname
-    (one bind instead of dozens per sandbox); removed at exit, or by gc after a crash."""
+    (one bind instead of dozens per sandbox); removed at exit by lifecycle.cleanup(), or by
+    gc after a crash."""
     rootfs = default_rootfs()
     path = hostdirs.new_dir("etc", 0o755)
-    atexit.register(shutil.rmtree, path, True)
     for name in rootfs.host_etc:
         _copy_public(os.path.join("/etc", name), os.path.join(path, name))
     generated = dict(rootfs.etc_files)

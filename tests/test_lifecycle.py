@@ -367,3 +367,28 @@ def test_running_out_of_fds_in_exec_is_named_as_the_cause(no_leaks, spare):
             with pytest.raises(SandboxError, match="out of file descriptors"):
                 sb.exec(["true"])
         assert sb.exec(["echo", "ok"]).stdout == b"ok\n"
+
+
+def test_a_forked_child_that_exits_leaves_its_parents_private_directories(no_leaks):
+    # Exit handlers are inherited by fork: ones that removed a path removed the parent's
+    # /etc copy and grader library when a child exited normally. Cleanup at exit removes
+    # only what the exiting process itself made.
+    code = """
+import os, sys
+from karotte.grading import grader_library
+from karotte.mounts import etc_dir
+from karotte.sandbox import Sandbox
+with Sandbox() as sb:
+    sb.exec(["true"])
+paths = [etc_dir("karotte"), grader_library("karotte")]
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # a normal exit: atexit handlers run
+os.waitpid(pid, 0)
+print(all(os.path.isdir(p) for p in paths))
+with Sandbox() as sb:
+    print(sb.exec(["cat", "/etc/hostname"]).stdout.decode().strip())
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "karotte"]
