@@ -763,8 +763,9 @@ DEFAULT_POLICY = Policy(entries=(
          reason="RES-HUGETLB-01: MAP_HUGETLB takes pages of the host's reserved huge-page "
                 "pool (vm.nr_hugepages, often set on GPU and RDMA nodes), which no memory "
                 "cgroup of the sandbox limits: one agent could take them all from the host "
-                "and every other sandbox. Callers fall back to normal pages; transparent "
-                "huge pages are not affected"),
+                "and every other sandbox. A caller sees a failed request, as on a host "
+                "without huge pages, and normal pages still work; transparent huge pages "
+                "are not affected"),
     Deny("memfd_create", when=ArgHasAnyBit(1, MFD_HUGETLB),
          reason="RES-HUGETLB-01: MFD_HUGETLB backs the memfd with the host's reserved huge "
                 "pages, as MAP_HUGETLB does"),
