@@ -10,13 +10,15 @@ class KarotteError(Exception):
 class HostUnsupported(KarotteError):
     """This host cannot enforce a protection that was asked for (or is a default).
 
-    ``protection`` names it (as in ``karotte-sandbox check``); the message says why
-    and how to fix it.
+    ``protections`` names what it takes away, as the lines of ``karotte-sandbox check``
+    (``protection`` is the first); the message says why and how to fix it.
     """
 
-    def __init__(self, protection: str, message: str):
-        super().__init__(f"{protection}: {message}")
-        self.protection = protection
+    def __init__(self, protection: str | tuple[str, ...], message: str):
+        names = (protection,) if isinstance(protection, str) else tuple(protection)
+        super().__init__(f"{', '.join(names)}: {message}")
+        self.protections = names
+        self.protection = names[0]
         self.detail = message
 
 

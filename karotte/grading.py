@@ -32,7 +32,8 @@ from .errors import KarotteError
 from .grader_runtime import (REQUEST_LIMIT, RUN_FILES, RUN_OUTPUT_LIMIT, WORKSPACE, GraderError,
                              check_run, encode_result, recv_message, send_message)
 from .results import ExecResult
-from .sandbox import AGENT_UID, DEFAULT_UID_BASE, Sandbox
+from .sandbox import Sandbox
+from .userns import sandbox_owner
 from .spec import Bind, SandboxSpec
 
 LIB_MOUNT = "/opt/karotte-lib"
@@ -65,16 +66,6 @@ class GradeReport:
     log: str = ""  # the grader's stderr and stdout, capped
     infra_error: str | None = None
     runs: int = 0  # programs the grader ran through ctx.run
-
-
-def sandbox_owner() -> tuple[int, int]:
-    """Host uid and gid for what sandboxes may read: root inside every sandbox (init
-    binds it) and the agent gid, which all sandboxes share (the grader runs as the agent
-    uid, one of its own per sandbox: Sandbox's uid map)."""
-    if os.geteuid() == 0:
-        base = int(os.environ.get("KAROTTE_UID_BASE", DEFAULT_UID_BASE))
-        return base, base + AGENT_UID
-    return os.geteuid(), os.getegid()
 
 
 def private_dir(tag: str) -> str:

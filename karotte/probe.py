@@ -14,19 +14,19 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import json
 import os
 import platform
 import pwd
-import struct
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from . import cgroups
 from .errors import CgroupError, HostUnsupported, KarotteError
+from .protections import CGROUP_LINES, NAMESPACES, PROTECTIONS
 from .spec import MiB, SandboxSpec
+from .userns import AGENT_UID, DEFAULT_UID_BASE, userns_blocker, userns_cause, userns_owner
 
 PYTHON = "/usr/bin/python3"  # bound into every sandbox with /usr
 MARK = ".karotte-probe"  # written by the agent in /workspace; its host owner is measured
@@ -47,41 +47,6 @@ PROBE_SPEC = SandboxSpec(memory=96 * MiB, pids=24, cpus=0.5, timeout=10.0, disk=
                          allow_degraded=frozenset({"cgroup-swap"}))
 
 _BUG = "this is a bug in Karotte, not in the host: report it with `karotte-sandbox check --json`"
-
-NS_GET_OWNER_UID = 0xB704  # ioctl on a user namespace fd: _IO(0xb7, 0x4)
-
-# Every line of `check`, in order: name -> part of the default protections.
-PROTECTIONS: dict[str, bool] = {
-    "user-namespace": True,
-    "pid-namespace": True,
-    "mount-namespace": True,
-    "network-namespace": True,
-    "ipc-namespace": True,
-    "uts-namespace": True,
-    "cgroup-namespace": True,
-    "seccomp": True,
-    "no-new-privs": True,
-    "capabilities-dropped": True,
-    "unprivileged-agent-uid": True,
-    "separate-host-uid": False,
-    "own-userns-owner": False,
-    "new-session": True,
-    "closed-fds": True,
-    "cgroup-memory": True,
-    "cgroup-swap": True,
-    "cgroup-pids": True,
-    "cgroup-cpu": True,
-    "cgroup-kill": True,
-    "disk-quota": True,
-    "rlimits": True,
-    "mount-setattr": True,
-    "pidfd": True,
-    "clone3": True,
-}
-CGROUP_LINES = ("cgroup-memory", "cgroup-swap", "cgroup-pids", "cgroup-cpu", "cgroup-kill")
-NAMESPACES = {"user-namespace": "user", "pid-namespace": "pid", "mount-namespace": "mnt",
-              "network-namespace": "net", "ipc-namespace": "ipc", "uts-namespace": "uts",
-              "cgroup-namespace": "cgroup"}
 
 # Steps of karotte-init (csrc/init.c) and of the spawn, as their errors name them, and
 # the protection each one sets up. An error at any other step names no single line.
@@ -154,34 +119,6 @@ def _read(path: str) -> str | None:
         return Path(path).read_text().strip()
     except OSError:
         return None
-
-
-def _userns_cause(err: int) -> tuple[str, str]:
-    """(cause, fix) for a user namespace the kernel refused with errno err."""
-    if _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
-        return ("unprivileged user namespaces are restricted by AppArmor "
-                "(kernel.apparmor_restrict_unprivileged_userns=1)",
-                "run as root, or set it to 0, or give this program an AppArmor profile with "
-                "`userns,`")
-    if _read("/proc/sys/kernel/unprivileged_userns_clone") == "0":
-        return ("unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone=0)",
-                "run as root or set it to 1")
-    if _read("/proc/sys/user/max_user_namespaces") == "0":
-        return ("user namespaces are disabled (user.max_user_namespaces=0)",
-                "set it to e.g. 65536")
-    if err in (errno.ENOSPC, errno.EUSERS):
-        return ("the limit on nested or total user namespaces is reached "
-                "(user.max_user_namespaces, or nesting depth 32)",
-                "raise it or end other sandboxes")
-    return ("the kernel refused to create a user namespace; if this runs in a container, its "
-            "seccomp profile or missing privileges may block unshare/clone (e.g. Docker's "
-            "default profile)", "run on the host, or with a profile that allows it")
-
-
-def userns_blocker(err: int) -> str:
-    """Why creating a user namespace failed with errno err, and how to fix it."""
-    cause, fix = _userns_cause(err)
-    return f"{cause}; {fix}"
 
 
 def _kernel_version(release: str) -> tuple[int, int]:
@@ -372,7 +309,7 @@ def _failure(exc: BaseException) -> _Failure:
     if _is_cgroup_error(exc):
         return _Failure({name: (message, _cgroup_fix()) for name in CGROUP_LINES})
     if isinstance(exc, HostUnsupported) and exc.protection == "user-namespace":
-        return _Failure({"user-namespace": (message, _userns_cause(errno.EPERM)[1])})
+        return _Failure({"user-namespace": (message, userns_cause(errno.EPERM)[1])})
     if isinstance(exc, HostUnsupported) and exc.protection in PROTECTIONS:
         return _Failure({exc.protection: (message, _step_fix(exc.protection))})
     for step, names in _STEPS:
@@ -456,20 +393,6 @@ def _run_sandbox() -> _Evidence | _Failure:
             ev.inside_error = ev.inside_error or f"the probe sandbox failed: {exc}"
             ev.kill_error = ev.kill_error or f"the probe sandbox failed: {exc}"
     return ev
-
-
-def userns_owner(pid: int) -> int | None:
-    """The host uid that owns process pid's user namespace (NS_GET_OWNER_UID)."""
-    try:
-        fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return struct.unpack("I", fcntl.ioctl(fd, NS_GET_OWNER_UID, b"\0" * 4))[0]
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _read_cgroup(sb, cg: cgroups.Cgroup, ev: _Evidence) -> None:
@@ -686,7 +609,6 @@ class _Judge:
                 status.get("Groups", "").strip())
 
     def agent_uid(self) -> Protection:
-        from .sandbox import AGENT_UID
 
         how = f"setresuid/setresgid {AGENT_UID} inside, no supplementary groups"
         missing = self.untested("unprivileged-agent-uid", how)
@@ -716,7 +638,6 @@ class _Judge:
                          f"files belong to {where}, group {gid}; {binds}")
 
     def separate_host_uid(self) -> Protection:
-        from .sandbox import DEFAULT_UID_BASE
 
         name = "separate-host-uid"
         how = (f"as root, the sandbox's ids map to host {DEFAULT_UID_BASE:#x}.. "

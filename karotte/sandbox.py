@@ -17,7 +17,6 @@ import fcntl
 import math
 import os
 import resource
-import secrets
 import select
 import signal
 import socket
@@ -30,15 +29,13 @@ from typing import Callable, Mapping, Sequence
 
 from . import cgroups, lifecycle, mounts, native
 from . import protocol as p
+from .userns import Identity, identity, userns_blocker
+from .userns import AGENT_UID, DEFAULT_UID_BASE, ns_owner_ids  # noqa: F401 (public here too)
 from .results import ExecResult
 from .errors import CgroupError, HostUnsupported, SandboxClosed, SandboxError, out_of_fds
 from .seccomp import compile_policy
 from .spec import KiB, SandboxSpec
 
-AGENT_UID = 1000  # the agent's uid and gid inside the sandbox
-# Root callers map the sandbox's 65536 ids onto this host range, so neither init nor
-# the agent is ever a host uid that owns anything. Override with KAROTTE_UID_BASE.
-DEFAULT_UID_BASE = 0x7000_0000
 SETUP_TIMEOUT = 10.0  # seconds for init to build the root and report ready
 DRAIN_GRACE = 0.05  # after exit, how long to wait for output held open by background jobs
 KILL_GRACE = 5.0  # after a timeout kill, how long the exit report may take
@@ -94,128 +91,13 @@ def exec_env(spec: SandboxSpec, env: Mapping[str, str] | None) -> dict[str, str]
     return {**DEFAULT_ENV, "OMP_NUM_THREADS": str(cpus), **(env or {})}
 
 
-@dataclass(frozen=True)
-class _Identity:
-    uid_map: str
-    gid_map: str
-    deny_setgroups: bool
-    nested: bool  # agent runs in a user namespace of its own (unprivileged caller)
-    owner_uid: int  # the agent's uid as init sees it: owner of /workspace and /home/agent
-    owner_gid: int
-    ns_owners: int | None = None  # root: first of the host ids that own user namespaces
-
-    def agent_uid_map(self, owner: tuple[int, int] | None) -> str:
-        """The uid map of a sandbox whose user namespace `owner` owns (root): the agent's
-        uid is that owner's host uid, one of its own. The kernel keeps some counts per
-        host uid, namespace or not (epoll watches, pipe buffers, fds in flight on unix
-        sockets, keys): sandboxes sharing one agent uid shared those pools, and one
-        agent could use them up for all the others. Its other ids keep the shared range
-        (the agent runs as uid 1000 only); gids too: files for the grader are readable
-        through the shared agent gid (grading.private_dir)."""
-        if owner is None:
-            return self.uid_map
-        base = self.ns_owners - 65536
-        return (f"0 {base} {AGENT_UID}\n{AGENT_UID} {owner[0]} 1\n"
-                f"{AGENT_UID + 1} {base + AGENT_UID + 1} {65536 - AGENT_UID - 1}\n")
-
-    def ns_owner(self) -> tuple[int, int] | None:
-        """The host uid and gid that create the next sandbox's user namespace, or None
-        for the caller's own. Per-user kernel counts made inside a sandbox (inotify,
-        message queues, queued signals) are charged to them on the host. The owner has
-        every capability over the namespace, so no process of the host's user namespace
-        may run as it: the NS_OWNERS ids right after the mapped ones, reserved with them.
-        (The agent runs as it, inside the namespace: owning a namespace gives nothing to
-        the processes in it, only to those in its parent.) Each process
-        starts at a random one and takes the next for each sandbox."""
-        if self.ns_owners is None:
-            return None
-        global _owner_next
-        with _owner_lock:
-            if _owner_next is None:
-                _owner_next = secrets.randbelow(NS_OWNERS)
-            k, _owner_next = _owner_next, (_owner_next + 1) % NS_OWNERS
-        return self.ns_owners + k, self.ns_owners + k
-
-
-NS_OWNERS = 65536
-ID_TABLES = ("/etc/passwd", "/etc/group")
-SUBID_TABLES = ("/etc/subuid", "/etc/subgid")
-_owner_next: int | None = None  # per process: a forked child picks its own start
-_owner_lock = threading.Lock()
-
-
-def _forget_owner_start() -> None:
-    global _owner_next, _owner_lock
-    _owner_next, _owner_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_owner_start)
-
-
-def ns_owner_ids(base: int = DEFAULT_UID_BASE) -> range:
-    """The host uids that own sandboxes' user namespaces (and that their agents run as),
-    for a root caller with KAROTTE_UID_BASE base: the NS_OWNERS after the mapped range."""
-    return range(base + 65536, base + 65536 + NS_OWNERS)
-
-
-@lru_cache(maxsize=4)
-def _check_reserved_ids(base: int) -> None:
-    """The host ids Karotte takes as root, [base, base + 65536 + NS_OWNERS), must fit in
-    32 bits and belong to no local account or group, nor to any user's subordinate ids
-    (/etc/subuid, /etc/subgid): a process running as one of them could signal, trace or
-    enter sandboxes."""
-    top = ns_owner_ids(base).stop
-    if base < 1 or top > 0xFFFF_FFFF:
-        raise HostUnsupported("uid range", f"KAROTTE_UID_BASE {base:#x} leaves no room for the "
-                              f"{top - base} host ids Karotte uses from it (up to {top:#x}); "
-                              f"pick a base from 1 to {0xFFFF_FFFF - (top - base):#x}")
-    for table, fields in _table_rows(ID_TABLES):
-        if len(fields) > 2 and fields[2].isdigit() and base <= int(fields[2]) < top:
-            raise HostUnsupported(
-                "uid range", f"{table} has {fields[0]!r} with id {fields[2]}, inside the "
-                f"host ids Karotte uses as root ({base:#x}-{top - 1:#x}): that account "
-                f"could enter sandboxes; set KAROTTE_UID_BASE to a free range")
-    for table, fields in _table_rows(SUBID_TABLES):
-        if len(fields) == 3 and fields[1].isdigit() and fields[2].isdigit():
-            first, count = int(fields[1]), int(fields[2])
-            if first < top and base < first + count:
-                raise HostUnsupported(
-                    "uid range", f"{table} gives {fields[0]!r} the ids {first:#x}-"
-                    f"{first + count - 1:#x}, which overlap the host ids Karotte uses as "
-                    f"root ({base:#x}-{top - 1:#x}): that user's containers could run as "
-                    f"sandbox ids; set KAROTTE_UID_BASE to a free range")
-
-
-def _table_rows(tables: Sequence[str]):
-    """(table, colon-separated fields) of each line of the tables that exist."""
-    for table in tables:
-        try:
-            with open(table, encoding="utf-8", errors="replace") as f:
-                lines = f.read().splitlines()
-        except FileNotFoundError:
-            continue
-        for line in lines:
-            yield table, line.split(":")
-
-
-def _identity() -> _Identity:
-    if os.geteuid() == 0:
-        base = int(os.environ.get("KAROTTE_UID_BASE", DEFAULT_UID_BASE))
-        _check_reserved_ids(base)
-        return _Identity(f"0 {base} 65536\n", f"0 {base} 65536\n", False, False,
-                         AGENT_UID, AGENT_UID, ns_owners=ns_owner_ids(base).start)
-    # Without privilege the kernel lets us map exactly our own ids; the agent gets a
-    # nested namespace in which that id is 1000 (see agent_child in csrc/init.c).
-    return _Identity(f"0 {os.geteuid()} 1\n", f"0 {os.getegid()} 1\n", True, True, 0, 0)
-
-
 @lru_cache(maxsize=1)
 def _seccomp_filter() -> bytes:
     return compile_policy()
 
 
 @lru_cache(maxsize=64)
-def _config_message(spec: SandboxSpec, ident: _Identity) -> bytes:
+def _config_message(spec: SandboxSpec, ident: Identity) -> bytes:
     msg = p.Message(p.CONFIG)
     msg.record(p.T_IDS, AGENT_UID.to_bytes(4, "little") + AGENT_UID.to_bytes(4, "little")
                + int(ident.nested).to_bytes(4, "little"))
@@ -580,7 +462,7 @@ class _Core:
                     "cgroup-swap", "this host's memory cgroup cannot forbid swap "
                     "(no memory.memsw.* files: boot with swapaccount=1, or turn swap off); "
                     "pass allow_degraded={'cgroup-swap'} to accept it")
-            ident = _identity()
+            ident = identity()
             parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             self.sock = parent
             try:
@@ -846,7 +728,6 @@ def _spawn_error(exc: native.SpawnError, cg: cgroups.Cgroup | None) -> Exception
         return SandboxError(f"taking the user namespace's owner ids failed: {name} "
                             f"({exc.strerror}); they need a root caller")
     if exc.errno in (errno.EPERM, errno.EACCES, errno.ENOSPC, errno.EUSERS):
-        from .probe import userns_blocker
         return HostUnsupported("user-namespace", userns_blocker(exc.errno))
     return SandboxError(f"clone3 of the sandbox failed: {exc.strerror}")
 

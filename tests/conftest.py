@@ -17,7 +17,8 @@ import pytest
 
 from karotte import cgroups
 from karotte.errors import KarotteError
-from karotte.sandbox import DEFAULT_UID_BASE, Sandbox
+from karotte.sandbox import Sandbox
+from karotte.userns import uid_base
 from karotte.seccomp import SYSCALL_NUMBERS
 from karotte.spec import MiB, SandboxSpec
 
@@ -125,7 +126,7 @@ def sandbox_processes() -> set[int]:
     """The processes of this test run's sandboxes: descendants of this process that are
     a karotte-init or run under a sandbox's ids. (Counting all host processes would also
     count the host's own churn, and other test runs on a shared machine.)"""
-    base = int(os.environ.get("KAROTTE_UID_BASE", DEFAULT_UID_BASE))
+    base = uid_base()
     found = set()
     for proc in psutil.Process().children(recursive=True):
         try:
