@@ -31,7 +31,8 @@ Cases (each reports medians with p10/p90):
               discarding the copy and grading. The layouts take turns.
 
 The grade-phase timers wrap names inside karotte.grading, karotte.custody and
-karotte.sandbox; a name that is gone is listed as not timed, never guessed at.
+karotte.sandbox (the table is in scripts/benchlib.py); a name that is gone or never
+called stops the benchmark with its name, never a phase that times nothing.
 """
 from __future__ import annotations
 
@@ -48,21 +49,17 @@ import threading
 import time
 from dataclasses import asdict, replace
 
-SCRIPTS = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(SCRIPTS)
-for _path in (REPO, SCRIPTS):  # karotte from the checkout; bench_envs as a top-level module
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-from bench_sandbox import (Goal, PhaseTimer, Series, Stats, machine,  # noqa: E402
-                           load_line, render_cases_and_goals, run_cases, select_cases)
+from benchlib import (EPISODE_PHASES, Goal, PhaseTimer, Series, Stats, fmt_ms,
+                      host_busy_seconds, karotte_line, load_line, machine_line,
+                      render_cases_and_goals)
+from benchlib import main as bench_main
 
 try:
-    import bench_envs  # noqa: E402
-    from karotte import cgroups, custody, episode, grading, native  # noqa: E402
-    from karotte.episode import AsyncEpisode, Episode, Outcome, set_concurrency  # noqa: E402
-    from karotte.sandbox import Sandbox  # noqa: E402
-    from karotte.spec import Bind, GiB  # noqa: E402
+    import bench_envs
+    from karotte import custody, episode, grading
+    from karotte.episode import AsyncEpisode, Episode, Outcome, set_concurrency
+    from karotte.sandbox import Sandbox
+    from karotte.spec import Bind
 except ImportError as _exc:  # karotte/scan.py is new: name the module that failed
     sys.exit(f"bench_episode: cannot import Karotte's episode code ({_exc}); "
              "karotte/scan.py and karotte/episode.py must import cleanly")
@@ -173,27 +170,6 @@ def case_latency(runs: int, warmup: int, log) -> dict:
 
 
 # --------------------------------------------------------------------------- case 2
-
-def _timer_targets() -> list[tuple[str, object, str]]:
-    return [
-        ("sandbox create", Sandbox, "__init__"),
-        ("sandbox exec", Sandbox, "exec"),
-        ("sandbox kill_all", Sandbox, "kill_all"),
-        ("sandbox close", Sandbox, "close"),
-        ("take_custody", episode, "take_custody"),
-        ("run_grader", episode, "run_grader"),
-        ("submission dir", custody, "private_dir"),
-        ("scan_and_copy", custody, "scan_and_copy"),
-        ("discard", custody.Custody, "discard"),
-        ("grader library", grading, "grader_library"),
-        ("hidden dir", grading, "private_dir"),
-        ("hidden files", grading, "write_files"),
-        ("serve", grading, "_serve"),
-        ("cgroup create", cgroups, "create"),
-        ("cgroup destroy", cgroups.Cgroup, "destroy"),
-        ("cgroup attach", native, "spawn_init"),
-    ]
-
 
 def _spans(events, label: str, lo: int, hi: int) -> list[tuple[int, int]]:
     return [(s, e) for name, s, e in events if name == label and lo <= s and e <= hi]
@@ -401,7 +377,7 @@ def _command_series(runs: int, log) -> list[dict]:
 
 def case_breakdown(runs: int, think_runs: int, command_runs: int, log) -> dict:
     clock_problem = _same_clock()
-    timer = PhaseTimer(_timer_targets())
+    timer = PhaseTimer(EPISODE_PHASES)
     with timer:
         for i in range(2):
             _episode(i)
@@ -412,7 +388,6 @@ def case_breakdown(runs: int, think_runs: int, command_runs: int, log) -> dict:
         log(f"  breakdown: {think_runs} instrumented episodes with "
             f"{THINK_SECONDS * 1000:g} ms idle done")
     return {"runs": runs, "think_runs": think_runs, "think_seconds": THINK_SECONDS,
-            "missing_names": timer.missing,
             "grader_stamps": clock_problem or (
                 f"grader stamps out of order in {disordered + disordered_think} episodes"
                 if disordered + disordered_think else "ok"),
@@ -429,13 +404,6 @@ def case_breakdown(runs: int, think_runs: int, command_runs: int, log) -> dict:
 
 # --------------------------------------------------------------------------- case 3
 
-def _proc_stat_busy() -> float:
-    """CPU seconds the whole host has been busy (all cores)."""
-    with open("/proc/stat", encoding="ascii") as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
 class CpuSplit:
     """CPU time while a run lasts: this process (every thread: event loop, executor,
     grader threads), its reaped children (the sandboxes' inits, and through them the
@@ -444,7 +412,7 @@ class CpuSplit:
 
     def __init__(self):
         self.t0 = time.perf_counter()
-        self.busy0 = _proc_stat_busy()
+        self.busy0 = host_busy_seconds()
         self.self0 = self._usage(resource.RUSAGE_SELF)
         self.kids0 = self._usage(resource.RUSAGE_CHILDREN)
 
@@ -455,7 +423,7 @@ class CpuSplit:
 
     def done(self) -> dict:
         wall = time.perf_counter() - self.t0
-        busy = _proc_stat_busy() - self.busy0
+        busy = host_busy_seconds() - self.busy0
         own = self._usage(resource.RUSAGE_SELF) - self.self0
         kids = self._usage(resource.RUSAGE_CHILDREN) - self.kids0
         return {"wall_seconds": wall, "host_busy_cpu_seconds": busy,
@@ -712,12 +680,6 @@ def _filesystem_of(path: str) -> str:
 
 # --------------------------------------------------------------------------- report
 
-def _ms(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.3f}" if v < 10 else f"{v:.2f}" if v < 100 else f"{v:.1f}"
-
-
 def _stats(series: list[dict]) -> dict[str, dict]:
     return {s["name"]: s["stats"] for s in series if s["status"] == "ok"}
 
@@ -755,7 +717,8 @@ def _render_latency(lat: dict) -> list[str]:
         cells = []
         for v in vs:
             s = st.get(f"{v}: {p}")
-            cells += [_ms(s and s["median_ms"]), _ms(s and s["p10_ms"]), _ms(s and s["p90_ms"])]
+            cells += [fmt_ms(s and s["median_ms"]), fmt_ms(s and s["p10_ms"]),
+                      fmt_ms(s and s["p90_ms"])]
         bold = p == "end to end"
         name = f"**{p}**" if bold else p
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -774,11 +737,9 @@ def _render_breakdown(bd: dict) -> list[str]:
             continue
         think = bd["phases_think"].get(label)
         indent = "&nbsp;&nbsp;" * bd["depth"][label]
-        lines.append(f"| {indent}{label} | {_ms(st['median_ms'])} | {_ms(st['p10_ms'])} | "
-                     f"{_ms(st['p90_ms'])} | {_ms(think and think['median_ms'])} |")
+        lines.append(f"| {indent}{label} | {fmt_ms(st['median_ms'])} | {fmt_ms(st['p10_ms'])} | "
+                     f"{fmt_ms(st['p90_ms'])} | {fmt_ms(think and think['median_ms'])} |")
     lines += ["", f"- the grader's own time stamps: {bd['grader_stamps']}"]
-    if bd["missing_names"]:
-        lines.append(f"- not timed (names gone from Karotte): {', '.join(bd['missing_names'])}")
     lines += ["", f"### single commands ({bd['command_runs']} runs each, round-robin)", "",
               "| command | median ms | p10 ms | p90 ms | n | CPU ms (median) |",
               "|---|---:|---:|---:|---:|---:|"]
@@ -787,8 +748,8 @@ def _render_breakdown(bd: dict) -> list[str]:
             lines.append(f"| {s['name']} | skipped: {s['reason']} | | | | |")
             continue
         st = s["stats"]
-        lines.append(f"| {s['name']} | {_ms(st['median_ms'])} | {_ms(st['p10_ms'])} | "
-                     f"{_ms(st['p90_ms'])} | {st['n']} | {_ms(s['cpu_median_ms'])} |")
+        lines.append(f"| {s['name']} | {fmt_ms(st['median_ms'])} | {fmt_ms(st['p10_ms'])} | "
+                     f"{fmt_ms(st['p90_ms'])} | {st['n']} | {fmt_ms(s['cpu_median_ms'])} |")
     return lines + ["", load_line(bd), ""]
 
 
@@ -807,13 +768,14 @@ def _render_throughput(tp: dict) -> list[str]:
         lines.append(
             f"| {lv['name']} | {lv['episodes_per_second_median']:.1f} | "
             f"{lv['episodes_per_second_min']:.1f} - {lv['episodes_per_second_max']:.1f} | "
-            f"{_ms(lat['median_ms'])} / {_ms(lat['p90_ms'])} | "
-            f"{_ms(svc['median_ms'])} / {_ms(svc['p90_ms'])} | {lv['gradings_at_once_peak']} | "
+            f"{fmt_ms(lat['median_ms'])} / {fmt_ms(lat['p90_ms'])} | "
+            f"{fmt_ms(svc['median_ms'])} / {fmt_ms(svc['p90_ms'])} | "
+            f"{lv['gradings_at_once_peak']} | "
             f"{100 * lv['host_busy_share']:.0f}% | {100 * lv['driver_share']:.0f}% "
             f"({lv['driver_cores']:.2f} cores) | {100 * lv['sandbox_share']:.0f}% | "
             f"{100 * lv['other_share']:.0f}% | {lv['host_cpu_ms_per_episode']:.1f} "
             f"({lv['driver_cpu_ms_per_episode']:.1f} / {lv['sandbox_cpu_ms_per_episode']:.1f}) "
-            f"| {_ms(ceiling)} |")
+            f"| {fmt_ms(ceiling)} |")
     lines += ["", "- shares are of all cores' time during the runs; the driver is this "
               "process (event loop, executor and grader threads, one GIL); sandboxes are its "
               "reaped children (inits, the agent's commands, the python3 graders); other is "
@@ -833,10 +795,10 @@ def _render_scan(sc: dict) -> list[str]:
              "| layout, copy to | " + " | ".join(sc["phases"]) + " | scan + copy p10 - p90 |",
              "|---|" + "---:|" * (len(sc["phases"]) + 1)]
     for v in sc["variants"]:
-        cells = [_ms(st[f"{v}: {p}"]["median_ms"]) for p in sc["phases"]]
+        cells = [fmt_ms(st[f"{v}: {p}"]["median_ms"]) for p in sc["phases"]]
         scan = st[f"{v}: scan + copy (Timings.scan)"]
         lines.append(f"| {v} | " + " | ".join(cells)
-                     + f" | {_ms(scan['p10_ms'])} - {_ms(scan['p90_ms'])} |")
+                     + f" | {fmt_ms(scan['p10_ms'])} - {fmt_ms(scan['p90_ms'])} |")
     lines.append("")
     for layout in sc["layouts"]:
         f = sc["facts"][layout]
@@ -848,14 +810,8 @@ def _render_scan(sc: dict) -> list[str]:
 
 def render(result: dict) -> str:
     m = result["machine"]
-    k = m["karotte"]
-    lines = [f"# Karotte episode benchmark, {m['date']}", "",
-             f"- machine: {m['cpu_model']}, {m['cores']} cores, "
-             f"{m['mem_total_bytes'] / GiB:.1f} GiB, Linux {m['kernel']}, Python {m['python']}",
-             f"- cgroups: {m['cgroup_backend']}",
-             f"- karotte: commit {k['commit']} ({k['subject']})"
-             + (f", with uncommitted changes: {', '.join(k['uncommitted_changes'])}"
-                if k["uncommitted_changes"] else ""),
+    lines = [f"# Karotte episode benchmark, {m['date']}", "", machine_line(m),
+             f"- cgroups: {m['cgroup_backend']}", karotte_line(m),
              f"- environment: bench_envs.AnswerFile; the agent's one command: `{COMMAND}`",
              f"- command: `{result['command']}`", ""]
     renderers = {"latency": _render_latency, "breakdown": _render_breakdown,
@@ -865,9 +821,7 @@ def render(result: dict) -> str:
 
 # --------------------------------------------------------------------------- main
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def _options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true",
                     help="a few runs of every case (CI smoke); the workspace still has "
                          "--files files")
@@ -876,28 +830,12 @@ def main(argv: list[str] | None = None) -> int:
                          "instruments half as many, case 4 runs a twentieth")
     ap.add_argument("--files", type=int, default=10_000,
                     help="files the agent makes in case 4 (default 10000)")
-    ap.add_argument("--cases", default=",".join(CASES),
-                    help=f"comma-separated subset of {','.join(CASES)}")
-    ap.add_argument("--json", metavar="FILE", help="write every raw sample and the summary")
-    ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    args = ap.parse_args(argv)
 
-    selected = select_cases(ap, args.cases, CASES)
+
+def _plan(ap: argparse.ArgumentParser, args: argparse.Namespace, log) -> tuple[dict, dict]:
     runs = args.episodes or (5 if args.quick else 200)
     if runs < 1 or args.files < 1:
         ap.error("--episodes and --files must be at least 1")
-
-    def log(msg: str) -> None:
-        if not args.quiet:
-            print(msg, file=sys.stderr, flush=True)
-
-    result = {"schema": 1, "machine": machine(),
-              "command": shlex.join([os.path.relpath(__file__, REPO)]
-                                    + (argv if argv is not None else sys.argv[1:])),
-              "options": {"quick": args.quick, "episodes": runs, "files": args.files,
-                          "cases": selected},
-              "cases": {}}
-    t0 = time.perf_counter()
     runners = {
         "latency": lambda: case_latency(runs, 1 if args.quick else 5, log),
         "breakdown": lambda: case_breakdown(max(3, runs // 2), max(2, runs // 4),
@@ -906,7 +844,12 @@ def main(argv: list[str] | None = None) -> int:
                                               4 if args.quick else 96, log),
         "scan": lambda: case_scan(max(1, runs // 20), args.files, log),
     }
-    return run_cases(CASES, selected, runners, result, t0, goals, render, args.json, log)
+    return {"episodes": runs, "files": args.files}, runners
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(argv, doc=__doc__, script=__file__, cases=CASES, add_options=_options,
+                      plan=_plan, goals=goals, render=render)
 
 
 if __name__ == "__main__":

@@ -27,14 +27,9 @@ import statistics
 import sys
 import time
 
-SCRIPTS = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(SCRIPTS)
-for _path in (REPO, SCRIPTS):  # karotte from the checkout; bench_envs as a top-level module
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-import bench_envs  # noqa: E402
-from karotte.episode import AsyncEpisode, set_concurrency  # noqa: E402
+import benchlib  # noqa: F401 - before karotte: it puts this checkout's karotte on sys.path
+import bench_envs
+from karotte.episode import AsyncEpisode, set_concurrency
 
 TICK = 0.001
 ENV = bench_envs.AnswerFile()

@@ -22,45 +22,37 @@ Cases (each reports medians with p10/p90, and ratios):
   density     idle sandboxes held open at once: host memory per sandbox, creation time
               as the count grows, then teardown and a check that nothing is left.
   phases      where the time of one create, first exec and destroy goes, back to back
-              and after idle, from timers wrapped around Karotte's internal steps (names
-              that may change: if one is gone the case says so instead of guessing).
+              and after idle, from timers wrapped around Karotte's internal steps (the
+              names are in scripts/benchlib.py: one that is gone or never called stops
+              the benchmark with its name, never a phase that times nothing).
 
-A peer that is missing or fails on this host is reported as skipped with the reason,
-never with a number. The benchmark needs what Karotte needs (root, or unprivileged
-user namespaces with a delegated cgroup).
+The peers are in bench_peers.py. A peer that is missing or fails on this host is
+reported as skipped with the reason, never with a number. The benchmark needs what
+Karotte needs (root, or unprivileged user namespaces with a delegated cgroup).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import gc
-import json
 import mmap
 import os
-import platform
 import resource
-import shlex
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from dataclasses import asdict
 from typing import Callable
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:  # run from a checkout without an install
-    sys.path.insert(0, REPO)
+from benchlib import (SANDBOX_CGROUP_PHASES, SANDBOX_PHASES, Goal, PhaseTimer, Series,
+                      Stats, fmt_ms, karotte_line, load_line, machine_line, meminfo,
+                      render_cases_and_goals)
+from benchlib import main as bench_main
+from bench_peers import TRUE, Bwrap, Competitor, NoSandbox, PeerFailed, Runc, Unshare
+from karotte import cgroups
+from karotte.sandbox import AsyncSandbox, Sandbox
+from karotte.spec import GiB, MiB, SandboxSpec
 
-from karotte import cgroups, mounts  # noqa: E402
-from karotte import sandbox as ksandbox  # noqa: E402
-from karotte.sandbox import AsyncSandbox, Sandbox  # noqa: E402
-from karotte.seccomp import compile_policy  # noqa: E402
-from karotte.spec import GiB, MiB, SandboxSpec  # noqa: E402
-
-TRUE = "/bin/true"
 CASES = ("lifecycle", "exec", "big_parent", "density", "phases")
 
 # The goals this benchmark reports on (ratios are Karotte / other).
@@ -71,88 +63,11 @@ GOAL_BIG_PARENT = 1.2  # big_parent: within 1.2x of the small parent
 GOAL_DENSITY = 500  # density: idle sandboxes held at once
 
 
-# --------------------------------------------------------------------------- records
-
-@dataclass(frozen=True)
-class Stats:
-    """Summary of one series of wall-clock samples, in milliseconds."""
-
-    n: int
-    median_ms: float
-    p10_ms: float
-    p90_ms: float
-    min_ms: float
-    max_ms: float
-
-    @classmethod
-    def of(cls, samples_ns: list[int]) -> "Stats":
-        if not samples_ns:
-            raise ValueError("no samples")
-        ms = sorted(s / 1e6 for s in samples_ns)
-        return cls(len(ms), statistics.median(ms), _quantile(ms, 0.10), _quantile(ms, 0.90),
-                   ms[0], ms[-1])
-
-
-def _quantile(sorted_ms: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if len(sorted_ms) == 1:
-        return sorted_ms[0]
-    pos = q * (len(sorted_ms) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_ms) - 1)
-    return sorted_ms[lo] + (sorted_ms[hi] - sorted_ms[lo]) * (pos - lo)
-
-
-@dataclass
-class Series:
-    """One competitor or variant: its samples, or why it has none."""
-
-    name: str
-    what: str  # what exactly one sample times
-    samples_ns: list[int] = field(default_factory=list)
-    skipped: str | None = None  # the reason there are no numbers
-
-    def to_json(self) -> dict:
-        if self.skipped is not None or not self.samples_ns:
-            return {"name": self.name, "what": self.what, "status": "skipped",
-                    "reason": self.skipped or "nothing was measured"}
-        return {"name": self.name, "what": self.what, "status": "ok",
-                "stats": asdict(Stats.of(self.samples_ns)), "samples_ns": self.samples_ns}
-
-    @property
-    def median_ms(self) -> float | None:
-        return None if self.skipped or not self.samples_ns else Stats.of(self.samples_ns).median_ms
-
-
-@dataclass(frozen=True)
-class Goal:
-    name: str
-    target: str
-    value: str
-    met: bool | None  # None: could not be measured here
-
-
-class PeerFailed(Exception):
-    """A peer sandbox tool ran but did not succeed; the message is its own words."""
-
-
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b <= 0 else a / b
 
 
-# --------------------------------------------------------------------------- machine
-
-def _meminfo() -> dict[str, int]:
-    """/proc/meminfo in bytes."""
-    out = {}
-    with open("/proc/meminfo", encoding="ascii") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts:
-                out[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
-    return out
-
+# --------------------------------------------------------------------------- /proc
 
 def _status_bytes(key: str, pid: int | str = "self") -> int:
     """A 'kB' field of /proc/<pid>/status (VmRSS, VmPTE, ...) in bytes."""
@@ -168,128 +83,7 @@ def _read_int(path: str) -> int:
         return int(f.read().split()[0])
 
 
-class HostLoad:
-    """CPU the whole host used while a case ran, and how much of it was not this
-    benchmark's (its process and the children it reaped: sandboxes' inits and their
-    commands, peers): other users of the machine, and kernel workers."""
-
-    def __init__(self):
-        self.t0 = time.monotonic()
-        self.busy0, self.own0 = self._busy(), self._own()
-        self.load0 = os.getloadavg()[0]
-
-    @staticmethod
-    def _busy() -> float:
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-        idle = fields[3] + fields[4]  # idle + iowait
-        return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # guest is in user
-
-    @staticmethod
-    def _own() -> float:
-        me = resource.getrusage(resource.RUSAGE_SELF)
-        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-    def done(self) -> dict:
-        wall = time.monotonic() - self.t0
-        busy, own = self._busy() - self.busy0, self._own() - self.own0
-        return {"wall_seconds": round(wall, 3), "host_busy_cpu_seconds": round(busy, 3),
-                "benchmark_cpu_seconds": round(own, 3),
-                "other_cpu_share": round(max(0.0, busy - own) / (wall * os.cpu_count()), 3)
-                if wall > 0 else None,
-                "loadavg_1min_before": self.load0, "loadavg_1min_after": os.getloadavg()[0]}
-
-
-def machine() -> dict:
-    model = "unknown"
-    with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="ascii") as f:
-            thp = f.read().strip()
-    except OSError:
-        thp = "unknown"
-    return {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "kernel": os.uname().release,
-        "cpu_model": model,
-        "cores": len(os.sched_getaffinity(0)),
-        "mem_total_bytes": _meminfo()["MemTotal"],
-        "python": platform.python_version(),
-        "cgroup_backend": repr(cgroups.detect()),
-        "transparent_hugepage": thp,
-        "euid": os.geteuid(),
-        "peers": {name: _version(name) for name in ("bwrap", "runc", "unshare")},
-        "karotte": _checkout(),
-    }
-
-
-def _checkout() -> dict:
-    """The commit measured, and whether the code under test differs from it."""
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True,
-                                 timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-    changed = git("status", "--porcelain", "--", "karotte", "csrc", "rootfs")
-    return {"commit": git("rev-parse", "--short", "HEAD"),
-            "subject": git("log", "-1", "--format=%s"),
-            "uncommitted_changes": changed.splitlines() if changed else []}
-
-
-def _version(tool: str) -> str | None:
-    path = shutil.which(tool)
-    if path is None:
-        return None
-    try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{path} (version unknown: {exc})"
-    first = (out.stdout or out.stderr or "?").splitlines()[0]
-    return f"{path}: {first}"
-
-
-# --------------------------------------------------------------------------- competitors
-
-def _rootfs_layout() -> tuple[list[tuple[str, str]], list[str], list[str]]:
-    """What Karotte's default mount plan shows of the host: ([(kind, path)] of the
-    userland (symlink target or bind), host /etc entries that exist, generated /etc
-    file names). Peers get the same, so they build as many mounts as Karotte does."""
-    rootfs = mounts.default_rootfs()
-    userland = []
-    for path in rootfs.userland:
-        if os.path.islink(path):
-            userland.append(("symlink", path))
-        elif os.path.isdir(path):
-            userland.append(("bind", path))
-    host_etc = [n for n in rootfs.host_etc if os.path.exists(f"/etc/{n}")]
-    generated = [name for name, _ in rootfs.etc_files] + ["hostname", "hosts"]
-    return userland, host_etc, generated
-
-
-class Competitor:
-    """One way to create a sandbox, run /bin/true in it and destroy it."""
-
-    name = ""
-    describe = ""
-
-    def prepare(self) -> str | None:
-        """Set up; the reason it cannot run here, or None."""
-        return None
-
-    def run_once(self) -> int:
-        """One timed run: wall-clock nanoseconds. PeerFailed if it did not succeed."""
-        raise NotImplementedError
-
-    def cleanup(self) -> None:
-        pass
-
+# --------------------------------------------------------------------------- Karotte
 
 class KarotteLifecycle(Competitor):
     name = "karotte"
@@ -338,227 +132,6 @@ class KarotteNoPool(KarotteLifecycle):
                 del os.environ[cgroups.ENV_POOL]
             else:
                 os.environ[cgroups.ENV_POOL] = saved
-
-
-class SubprocessPeer(Competitor):
-    """A peer run as `subprocess.run(argv)` from this driver."""
-
-    tool = ""
-
-    def __init__(self):
-        self.path: str | None = None
-        self.argv: list[str] = []
-        self.pass_fds: tuple[int, ...] = ()
-
-    def prepare(self) -> str | None:
-        self.path = shutil.which(self.tool)
-        if self.path is None:
-            return f"{self.tool} not found on PATH"
-        return None
-
-    def _run(self, argv: list[str], pass_fds=()) -> int:
-        t0 = time.perf_counter_ns()
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, pass_fds=pass_fds)
-        t1 = time.perf_counter_ns()
-        if proc.returncode != 0:
-            err = proc.stderr.decode(errors="replace").strip()
-            raise PeerFailed(f"`{shlex.join(argv)}` exited {proc.returncode}: "
-                             f"{err or '(no stderr)'}")
-        return t1 - t0
-
-    def run_once(self) -> int:
-        return self._run(self.argv, self.pass_fds)
-
-
-class NoSandbox(SubprocessPeer):
-    name = "no sandbox (control)"
-    describe = "subprocess.run(['/bin/true']): the driver's own fork+exec+wait cost"
-
-    def prepare(self) -> str | None:
-        self.path = TRUE
-        self.argv = [TRUE]
-        return None
-
-
-class Unshare(SubprocessPeer):
-    name = "unshare (floor)"
-    tool = "unshare"
-    describe = "unshare -Urpfmn --mount-proc /bin/true: namespaces and /proc only"
-
-    def prepare(self) -> str | None:
-        why = super().prepare()
-        if why:
-            return why
-        self.argv = [self.path, "-Urpfmn", "--mount-proc", TRUE]
-        return None
-
-
-class Bwrap(SubprocessPeer):
-    name = "bwrap"
-    tool = "bwrap"
-    describe = ("bwrap --unshare-all --unshare-user --die-with-parent, Karotte's mounts "
-                "(ro /usr, merged-usr symlinks, host /etc entries ro, --proc, --dev, tmpfs "
-                "/tmp /workspace /home/agent), uid 1000, Karotte's seccomp filter")
-
-    def __init__(self):
-        super().__init__()
-        self._filter_path: str | None = None
-        self._seccomp = True
-
-    def prepare(self) -> str | None:
-        why = super().prepare()
-        if why:
-            return why
-        userland, host_etc, generated = _rootfs_layout()
-        argv = [self.path, "--unshare-all", "--unshare-user", "--die-with-parent",
-                "--uid", "1000", "--gid", "1000", "--hostname", "karotte"]
-        for kind, path in userland:
-            if kind == "symlink":
-                argv += ["--symlink", os.readlink(path), path]
-            else:
-                argv += ["--ro-bind", path, path]
-        # Karotte writes passwd, group, nsswitch.conf, resolv.conf, hostname and hosts
-        # as files of its own; bwrap binds the host's instead (a mount each, as Karotte).
-        for name in sorted(set(host_etc) | set(generated)):
-            argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                 "--tmpfs", "/workspace", "--tmpfs", "/home/agent", "--dir", "/root"]
-        try:
-            filt = compile_policy()
-            fd, self._filter_path = tempfile.mkstemp(prefix="karotte-bench-seccomp-")
-            os.write(fd, filt)
-            os.close(fd)
-        except Exception as exc:  # noqa: BLE001 - reported, bwrap runs without it
-            self._seccomp = False
-            self.describe += f" (without seccomp: {exc})"
-        self.argv = argv
-        return None
-
-    def run_once(self) -> int:
-        if not self._seccomp:
-            return self._run(self.argv + [TRUE])
-        # bwrap reads the filter to EOF, so each run gets a fresh open file description.
-        fd = os.open(self._filter_path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            return self._run(self.argv + ["--seccomp", str(fd), TRUE], pass_fds=(fd,))
-        finally:
-            os.close(fd)
-
-    def cleanup(self) -> None:
-        if self._filter_path:
-            os.unlink(self._filter_path)
-
-
-class Runc(SubprocessPeer):
-    name = "runc"
-    tool = "runc"
-    describe = ("runc run of an OCI bundle: read-only empty rootfs with Karotte's binds "
-                "and tmpfs, user namespace (0 -> 0x70000000, 65536 ids), uid 1000, "
-                "Karotte's cgroup limits; no seccomp profile")
-
-    def __init__(self):
-        super().__init__()
-        self.dir: str | None = None
-        self._seq = 0
-
-    def prepare(self) -> str | None:
-        why = super().prepare()
-        if why:
-            return why
-        self.dir = tempfile.mkdtemp(prefix="karotte-bench-runc-")
-        # The sandbox's root is a mapped uid that owns nothing: it must traverse the bundle.
-        os.chmod(self.dir, 0o755)
-        rootfs = os.path.join(self.dir, "rootfs")
-        os.mkdir(rootfs)
-        for mountpoint in ("proc", "dev"):  # the root is read-only: runc cannot make them
-            os.mkdir(os.path.join(rootfs, mountpoint))
-        userland, host_etc, generated = _rootfs_layout()
-        mnts = [
-            {"destination": "/proc", "type": "proc", "source": "proc"},
-            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-             "options": ["nosuid", "mode=755", "size=1024k"]},
-            {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
-             "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
-            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
-             "options": ["nosuid", "nodev", "mode=1777", "size=262144k"]},
-        ]
-        for kind, path in userland:
-            if kind == "symlink":
-                os.symlink(os.readlink(path), rootfs + path)
-            else:
-                os.makedirs(rootfs + path)
-                mnts.append({"destination": path, "type": "bind", "source": path,
-                             "options": ["rbind", "ro", "nosuid", "nodev"]})
-        os.makedirs(rootfs + "/etc")
-        for name in sorted(set(host_etc) | set(generated)):
-            src = f"/etc/{name}"
-            if not os.path.exists(src):
-                continue
-            if os.path.isdir(src):
-                os.makedirs(rootfs + src)
-            else:
-                open(rootfs + src, "w").close()
-            mnts.append({"destination": src, "type": "bind", "source": src,
-                         "options": ["rbind", "ro", "nosuid", "nodev"]})
-        for path, size in (("/tmp", "262144k"), ("/workspace", "1048576k"),
-                           ("/home/agent", "65536k")):
-            os.makedirs(rootfs + path)
-            mnts.append({"destination": path, "type": "tmpfs", "source": "tmpfs",
-                         "options": ["nosuid", "nodev", "mode=1777", f"size={size}"]})
-        os.makedirs(rootfs + "/root")
-        spec = SandboxSpec()
-        base = ksandbox.DEFAULT_UID_BASE
-        config = {
-            "ociVersion": "1.0.2",
-            "process": {
-                "terminal": False, "user": {"uid": 1000, "gid": 1000},
-                "args": [TRUE], "env": ["PATH=/usr/bin:/bin"], "cwd": "/",
-                "capabilities": {"bounding": [], "effective": [], "permitted": [],
-                                 "ambient": []},
-                "rlimits": [{"type": "RLIMIT_NOFILE", "hard": spec.nofile, "soft": spec.nofile}],
-                "noNewPrivileges": True,
-            },
-            "root": {"path": "rootfs", "readonly": True},
-            "hostname": spec.hostname,
-            "mounts": mnts,
-            "linux": {
-                "uidMappings": [{"containerID": 0, "hostID": base, "size": 65536}],
-                "gidMappings": [{"containerID": 0, "hostID": base, "size": 65536}],
-                "namespaces": [{"type": t} for t in
-                               ("pid", "network", "ipc", "uts", "mount", "user", "cgroup")],
-                "resources": {
-                    "memory": {"limit": spec.memory, "swap": spec.memory},
-                    "pids": {"limit": spec.pids},
-                    "cpu": {"quota": round(spec.cpus * 100_000), "period": 100_000},
-                },
-                "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list",
-                                "/proc/sched_debug"],
-                "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys",
-                                  "/proc/sysrq-trigger"],
-            },
-        }
-        with open(os.path.join(self.dir, "config.json"), "w") as f:
-            json.dump(config, f, indent=1)
-        os.mkdir(os.path.join(self.dir, "state"))
-        return None
-
-    def run_once(self) -> int:
-        self._seq += 1
-        cid = f"kbench-{os.getpid()}-{self._seq}"
-        argv = [self.path, "--root", os.path.join(self.dir, "state"), "run",
-                "--bundle", self.dir, cid]
-        try:
-            return self._run(argv)
-        except PeerFailed:
-            # A failed run may leave its state and cgroup behind: remove them.
-            subprocess.run([self.path, "--root", os.path.join(self.dir, "state"), "delete",
-                            "--force", cid], capture_output=True)
-            raise
-
-    def cleanup(self) -> None:
-        if self.dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _timed_calls(fn: Callable[[], int], n: int) -> list[int]:
@@ -866,7 +439,7 @@ CURVE_KEYS = ("MemAvailable", "Slab", "SUnreclaim", "Percpu", "PageTables", "Ker
 
 def _curve_point(n: int, before: dict[str, int], rss0: int, t_start: float,
                  recent_ns: list[int]) -> dict:
-    m = _meminfo()
+    m = meminfo()
     point = {"held": n, "seconds": round(time.perf_counter() - t_start, 3),
              "recent_create_median_ms": statistics.median(recent_ns) / 1e6,
              "driver_rss_growth_bytes": _status_bytes("VmRSS") - rss0}
@@ -885,7 +458,7 @@ def case_density(target: int, log) -> dict:
     # One sandbox first: the driver's one-time costs (imports, cached seccomp filter,
     # parsed rootfs) are not per-sandbox growth.
     Sandbox(SandboxSpec()).close()
-    before = _meminfo()
+    before = meminfo()
     rss0, fds0 = _status_bytes("VmRSS"), _fd_count()
     reserve = [os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC) for _ in range(FD_RESERVE)]
     boxes: list[Sandbox] = []
@@ -917,7 +490,7 @@ def case_density(target: int, log) -> dict:
         held = len(boxes)
         create_seconds = time.perf_counter() - t_start
         time.sleep(0.5)  # let per-cpu counters and deferred frees settle
-        after = _meminfo()
+        after = meminfo()
         rss1, fds1 = _status_bytes("VmRSS"), _fd_count()
         cg_used, cg_kmem, init_rss, init_pss = [], [], [], []
         for sb in boxes:
@@ -949,7 +522,7 @@ def case_density(target: int, log) -> dict:
         close_seconds = time.perf_counter() - t_close
     time.sleep(0.5)
     leftovers = _own_leftovers()
-    end = _meminfo()
+    end = meminfo()
     fds2 = _fd_count()
     if soft0 != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft0, hard))
@@ -1006,86 +579,26 @@ def case_density(target: int, log) -> dict:
 
 # --------------------------------------------------------------------------- case 5
 
-class PhaseTimer:
-    """Wraps named functions and methods with perf_counter_ns timers, restoring them on
-    exit. Names that no longer exist are listed in `missing`, not guessed at."""
-
-    def __init__(self, targets: list[tuple[str, object, str]]):
-        self.targets = targets  # (label, owner, attribute)
-        self.events: list[tuple[str, int, int]] = []
-        self.missing: list[str] = []
-        self._saved: list[tuple[object, str, object]] = []
-
-    def __enter__(self) -> "PhaseTimer":
-        for label, owner, attr in self.targets:
-            if isinstance(owner, type):  # only what the class defines, not inherited
-                original = owner.__dict__.get(attr)
-            else:
-                original = getattr(owner, attr, None)
-            if original is None:
-                self.missing.append(label)
-                continue
-            self._saved.append((owner, attr, original))
-            setattr(owner, attr, self._wrap(label, original))
-        return self
-
-    def _wrap(self, label: str, fn):
-        events = self.events
-        func = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
-
-        def timed(*args, **kwargs):
-            t0 = time.perf_counter_ns()
-            try:
-                return func(*args, **kwargs)
-            finally:
-                events.append((label, t0, time.perf_counter_ns()))
-        return staticmethod(timed) if isinstance(fn, staticmethod) else timed
-
-    def __exit__(self, *exc) -> None:
-        for owner, attr, original in reversed(self._saved):
-            setattr(owner, attr, original)
-
-    def take(self) -> list[tuple[str, int, int]]:
-        out = list(self.events)
-        self.events.clear()
-        return out
+def _phase_table() -> dict[str, tuple[str, str]]:
+    """The steps to time: the sandbox's, and the cgroup steps of the running backend."""
+    return {**SANDBOX_PHASES, **SANDBOX_CGROUP_PHASES[cgroups.detect().version]}
 
 
-def _phase_targets() -> list[tuple[str, object, str]]:
-    core = ksandbox._Core
-    targets = [
-        ("create: cgroup name (leaf_name)", cgroups, "leaf_name"),
-        ("create: cgroup backend probe (detect)", cgroups, "detect"),
-        ("create: cgroup from the pool or new, limits written (acquire)", cgroups, "acquire"),
-        ("create: cgroup mkdir + limits (create, when the pool is empty)", cgroups, "create"),
-        ("create: clone3 of init, from a thread in the sandbox's cgroup (spawn_init)",
-         ksandbox.native, "spawn_init"),
-        ("create: uid/gid maps (_write_proc)", ksandbox, "_write_proc"),
-        ("create: config message build", ksandbox, "_config_message"),
-        ("channel send", core, "send"),
-        ("create: whole start() before waiting", core, "start"),
-        ("create: READY receive", core, "recv_with_fds"),
-        ("create: finish_start", core, "finish_start"),
-        ("exec: begin_exec (cgroup peak reset, oom count, pipes, send)", core, "begin_exec"),
-        ("exec: wait for exit (_drive_sync)", ksandbox, "_drive_sync"),
-        ("exec: end_exec (cgroup peak and oom reads)", core, "end_exec"),
-        ("destroy: whole", core, "destroy"),
-        ("destroy: kill_all (cgroup kill + reap init)", core, "kill_all"),
-        ("destroy: cgroup back to the pool or rmdir (Cgroup.release)", cgroups.Cgroup,
-         "release"),
-        ("destroy: cgroup rmdir (Cgroup.destroy, when not pooled)", cgroups.Cgroup, "destroy"),
-    ]
-    targets.append(("cgroup: SIGKILL of listed tasks (_sigkill_members)", cgroups,
-                    "_sigkill_members"))
-    for cls in (cgroups.Cgroup, *cgroups.Cgroup.__subclasses__()):
-        for attr, what in (("kill_all", "kill_all (freeze, SIGKILL, thaw, wait empty)"),
-                           ("_freeze_until", "freeze and wait FROZEN"),
-                           ("_thaw", "thaw"),
-                           ("_empty_within", "wait until empty"),
-                           ("pids", "list tasks (cgroup.procs of each hierarchy)")):
-            if attr in cls.__dict__ and not (cls is cgroups.Cgroup and attr == "kill_all"):
-                targets.append((f"cgroup: {what}", cls, attr))
-    return targets
+def _reach_every_phase() -> None:
+    """Untimed: a sandbox made without the pool (leaf_name, mkdir, rmdir) and a cgroup
+    kill with init alive (the freeze and SIGKILL rounds), steps that the measured cycles
+    may not reach; PhaseTimer then checks that each wrapped name is the one called."""
+    saved = os.environ.get(cgroups.ENV_POOL)
+    os.environ[cgroups.ENV_POOL] = "0"
+    try:
+        Sandbox(SandboxSpec()).close()
+    finally:
+        if saved is None:
+            del os.environ[cgroups.ENV_POOL]
+        else:
+            os.environ[cgroups.ENV_POOL] = saved
+    with Sandbox(SandboxSpec()) as sb:
+        sb.cgroup.kill_all()
 
 
 def _phase_run(events: list[tuple[str, int, int]], t0: int, t1: int, t2: int,
@@ -1129,12 +642,9 @@ def _instrumented_cycles(timer: PhaseTimer, runs: int, idle: float) -> dict[str,
 def case_phases(runs: int, log) -> dict:
     """Back-to-back cycles, then a quarter as many after KarotteAfterIdle's pause: the
     two columns show which step the pause makes slow."""
-    try:
-        targets = _phase_targets()
-    except AttributeError as exc:
-        return {"skipped": f"Karotte's internals changed, cannot time phases: {exc}"}
     idle_runs = max(3, runs // 4)
-    with PhaseTimer(targets) as timer:
+    with PhaseTimer(_phase_table()) as timer:
+        _reach_every_phase()
         for _ in range(3):
             with Sandbox(SandboxSpec()) as sb:
                 sb.exec([TRUE])
@@ -1143,7 +653,6 @@ def case_phases(runs: int, log) -> dict:
         after_idle = _instrumented_cycles(timer, idle_runs, KarotteAfterIdle.IDLE_SECONDS)
     log(f"  phases: {runs} + {idle_runs} instrumented create/exec/destroy cycles done")
     return {"runs": runs, "idle_runs": idle_runs, "idle_seconds": KarotteAfterIdle.IDLE_SECONDS,
-            "missing_names": timer.missing,
             "phases": {label: asdict(Stats.of(ns)) for label, ns in sorted(back_to_back.items())},
             "phases_after_idle": {label: asdict(Stats.of(ns))
                                   for label, ns in sorted(after_idle.items())},
@@ -1153,12 +662,6 @@ def case_phases(runs: int, log) -> dict:
 
 
 # --------------------------------------------------------------------------- report
-
-def _fmt_ms(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.3f}" if v < 10 else f"{v:.2f}" if v < 100 else f"{v:.1f}"
-
 
 def _fmt_ratio(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
@@ -1181,29 +684,9 @@ def _series_rows(series: list[dict], baseline: float | None = None) -> list[str]
             continue
         st = s["stats"]
         ratio = _fmt_ratio(_ratio(st["median_ms"], baseline)) if baseline else ""
-        rows.append(f"| {s['name']} | {_fmt_ms(st['median_ms'])} | {_fmt_ms(st['p10_ms'])} | "
-                    f"{_fmt_ms(st['p90_ms'])} | {st['n']} | {ratio} |")
+        rows.append(f"| {s['name']} | {fmt_ms(st['median_ms'])} | {fmt_ms(st['p10_ms'])} | "
+                    f"{fmt_ms(st['p90_ms'])} | {st['n']} | {ratio} |")
     return rows
-
-
-def select_cases(ap: argparse.ArgumentParser, text: str, cases: tuple[str, ...]) -> list[str]:
-    """--cases as a list; a usage error (exit 2) for a name not in cases."""
-    selected = [c.strip() for c in text.split(",") if c.strip()]
-    unknown = sorted(set(selected) - set(cases))
-    if unknown:
-        ap.error(f"unknown case(s) {','.join(unknown)}; choose from {','.join(cases)}")
-    return selected
-
-
-def load_line(case: dict) -> str:
-    """The host's other load during a case, as a line of the summary."""
-    h = case.get("host_load")
-    if not h:
-        return ""
-    return (f"- host during this case: {h['wall_seconds']:.0f} s; CPU not used by the "
-            f"benchmark's processes: {100 * (h['other_cpu_share'] or 0):.0f}% of "
-            f"{os.cpu_count()} cores; load average {h['loadavg_1min_before']:.2f} -> "
-            f"{h['loadavg_1min_after']:.2f}")
 
 
 def goals(cases: dict) -> list[Goal]:
@@ -1315,8 +798,6 @@ def _render_density(dn: dict) -> list[str]:
 
 
 def _render_phases(ph: dict) -> list[str]:
-    if "skipped" in ph:
-        return ["## 5. phases", "", f"skipped: {ph['skipped']}", ""]
     lines = [f"## 5. where one create, first exec and destroy go ({ph['runs']} instrumented "
              f"cycles back to back, {ph['idle_runs']} after {1000 * ph['idle_seconds']:g} ms "
              f"idle; phases nest)", "",
@@ -1330,26 +811,18 @@ def _render_phases(ph: dict) -> list[str]:
         return group, "total" not in label, label
     for label, st in sorted(ph["phases"].items(), key=key):
         idle = ph["phases_after_idle"].get(label)
-        lines.append(f"| {label} | {_fmt_ms(st['median_ms'])} | {_fmt_ms(st['p10_ms'])} | "
-                     f"{_fmt_ms(st['p90_ms'])} | {_fmt_ms(idle and idle['median_ms'])} |")
-    if ph["missing_names"]:
-        lines += ["", f"not timed (names gone from Karotte): {', '.join(ph['missing_names'])}"]
+        lines.append(f"| {label} | {fmt_ms(st['median_ms'])} | {fmt_ms(st['p10_ms'])} | "
+                     f"{fmt_ms(st['p90_ms'])} | {fmt_ms(idle and idle['median_ms'])} |")
     return lines + ["", load_line(ph), ""]
 
 
 def render(result: dict) -> str:
     m = result["machine"]
     peers = "; ".join(f"{name}: {v or 'missing'}" for name, v in m["peers"].items())
-    k = m["karotte"]
-    lines = [f"# Karotte sandbox benchmark, {m['date']}", "",
-             f"- machine: {m['cpu_model']}, {m['cores']} cores, "
-             f"{m['mem_total_bytes'] / GiB:.1f} GiB, Linux {m['kernel']}, Python {m['python']}",
+    lines = [f"# Karotte sandbox benchmark, {m['date']}", "", machine_line(m),
              f"- cgroups: {m['cgroup_backend']}; transparent hugepages: "
              f"{m['transparent_hugepage']}",
-             f"- peers: {peers}",
-             f"- karotte: commit {k['commit']} ({k['subject']})"
-             + (f", with uncommitted changes: {', '.join(k['uncommitted_changes'])}"
-                if k["uncommitted_changes"] else ""),
+             f"- peers: {peers}", karotte_line(m),
              f"- command: `{result['command']}`", ""]
     renderers = {"lifecycle": _render_lifecycle, "exec": _render_exec,
                  "big_parent": _render_big_parent, "density": _render_density,
@@ -1359,9 +832,7 @@ def render(result: dict) -> str:
 
 # --------------------------------------------------------------------------- main
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def _options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true",
                     help="a few runs of every case (CI smoke), 0.5 GiB resident, 10 sandboxes")
     ap.add_argument("--runs", type=int,
@@ -1371,30 +842,14 @@ def main(argv: list[str] | None = None) -> int:
                     "(default 1000, quick 10)")
     ap.add_argument("--parent-gib", type=float,
                     help="resident memory of the big parent in case 3 (default 4, quick 0.5)")
-    ap.add_argument("--cases", default=",".join(CASES),
-                    help=f"comma-separated subset of {','.join(CASES)}")
-    ap.add_argument("--json", metavar="FILE", help="write every raw sample and the summary")
-    ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    args = ap.parse_args(argv)
 
-    selected = select_cases(ap, args.cases, CASES)
+
+def _plan(ap: argparse.ArgumentParser, args: argparse.Namespace, log) -> tuple[dict, dict]:
     runs = args.runs or (5 if args.quick else 200)
     if runs < 1:
         ap.error("--runs must be at least 1")
     sandboxes = args.sandboxes or (10 if args.quick else 1000)
     parent = int((args.parent_gib or (0.5 if args.quick else 4.0)) * GiB)
-
-    def log(msg: str) -> None:
-        if not args.quiet:
-            print(msg, file=sys.stderr, flush=True)
-
-    result = {"schema": 1, "machine": machine(),
-              "command": shlex.join([os.path.relpath(__file__, REPO)]
-                                    + (argv if argv is not None else sys.argv[1:])),
-              "options": {"quick": args.quick, "runs": runs, "sandboxes": sandboxes,
-                          "parent_bytes": parent, "cases": selected},
-              "cases": {}}
-    t0 = time.perf_counter()
     warmup = 1 if args.quick else 5
     runners = {
         "lifecycle": lambda: case_lifecycle(runs, warmup, log),
@@ -1404,42 +859,12 @@ def main(argv: list[str] | None = None) -> int:
         "density": lambda: case_density(sandboxes, log),
         "phases": lambda: case_phases(max(3, runs // 2), log),
     }
-    return run_cases(CASES, selected, runners, result, t0, goals, render, args.json, log)
+    return {"runs": runs, "sandboxes": sandboxes, "parent_bytes": parent}, runners
 
 
-def render_cases_and_goals(lines: list[str], result: dict, cases, renderers) -> str:
-    """The header lines, then each case's section, then the goals table (shared by
-    bench_sandbox and bench_episode)."""
-    for name in cases:
-        if name in result["cases"]:
-            lines += renderers[name](result["cases"][name])
-    lines += ["## Goals", "", "| goal | target | measured | met |", "|---|---|---|---|"]
-    for g in result["goals"]:
-        met = "n/a" if g["met"] is None else ("met" if g["met"] else "NOT MET")
-        lines.append(f"| {g['name']} | {g['target']} | {g['value']} | {met} |")
-    lines.append(f"\n(total {result['seconds']:.0f} s)")
-    return "\n".join(lines) + "\n"
-
-
-def run_cases(cases, selected, runners, result: dict, t0: float, goals, render,
-              json_path: str | None, log) -> int:
-    """Run the selected cases in order, each with the host's other load measured, then
-    print the summary and write the JSON (shared by bench_sandbox and bench_episode)."""
-    for number, name in enumerate(cases, 1):
-        if name in selected:
-            log(f"case {number}: {name}")
-            load = HostLoad()
-            result["cases"][name] = runners[name]()
-            result["cases"][name]["host_load"] = load.done()
-    result["seconds"] = time.perf_counter() - t0
-    result["goals"] = [asdict(g) for g in goals(result["cases"])]
-    text = render(result)
-    print(text, end="")
-    if json_path:
-        result["summary_text"] = text
-        with open(json_path, "w") as f:
-            json.dump(result, f, indent=1)
-    return 0
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(argv, doc=__doc__, script=__file__, cases=CASES, add_options=_options,
+                      plan=_plan, goals=goals, render=render)
 
 
 if __name__ == "__main__":

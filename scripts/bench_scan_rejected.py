@@ -13,7 +13,6 @@ and the violations the result holds. The sandbox's inode limit is raised to fit 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
@@ -21,13 +20,10 @@ import tempfile
 import time
 import tracemalloc
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-
-from karotte.sandbox import Sandbox  # noqa: E402
-from karotte.scan import ScanLimits, scan_and_copy  # noqa: E402
-from karotte.spec import MiB, SandboxSpec  # noqa: E402
+import benchlib  # noqa: F401 - before karotte: it puts this checkout's karotte on sys.path
+from karotte.sandbox import Sandbox
+from karotte.scan import ScanLimits, scan_and_copy
+from karotte.spec import MiB, SandboxSpec
 
 PLANTS = {
     "fifo": "python3 -c 'import os\nfor i in range({n}): os.mkfifo(f\"f{{i:07d}}\")'",
