@@ -18,7 +18,7 @@ from ..protections import CGROUP_LINES, NAMESPACES, PROTECTIONS
 from ..userns import userns_blocker, userns_owner
 from .evidence import PROBE_SPEC, _host, _run_sandbox
 from .report import HostReport, Protection, render_text, to_json
-from .verdicts import _Judge
+from .verdicts import judge
 
 
 def probe() -> HostReport:
@@ -30,7 +30,7 @@ def probe() -> HostReport:
     start = time.monotonic()
     host = _host()
     run = _run_sandbox()
-    protections = _Judge(host, run).all()
+    protections = judge(host, run)
     return HostReport(protections=protections, kernel=host.kernel,
                       cgroup_version=host.cgroup_version, running_as_root=host.root,
                       uid=host.euid, userns_sysctls=host.sysctls, seconds=time.monotonic() - start)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import pwd
+from typing import Callable
 
 from .. import cgroups
 from ..protections import CGROUP_LINES, NAMESPACES, PROTECTIONS
@@ -36,8 +37,14 @@ def _opts(mount_line: str) -> tuple[str, set[str], str]:
     return fields[4], set(fields[5].split(",")), tail.split()[0]
 
 
-class _Judge:
-    """Turns the evidence into one Protection per line."""
+# What a namespace line reads inside the agent's own namespace: (what it shows, in force,
+# why not).
+_Seen = tuple[str, bool, str | None]
+
+
+class _HostCheck:
+    """One run of `check`: the host's facts and the probe sandbox's evidence, and the
+    verdicts that turn them into lines (VERDICTS below says which verdict makes which)."""
 
     def __init__(self, host: _Host, run: _Evidence | _Failure):
         self.host = host
@@ -77,7 +84,7 @@ class _Judge:
 
     # -- namespaces
 
-    def namespace(self, name: str) -> Protection:
+    def namespace(self, name: str, seen: Callable[[_HostCheck], _Seen]) -> Protection:
         ns = NAMESPACES[name]
         how = f"own {ns} namespace (clone3 CLONE_NEW{ns.upper().replace('MNT', 'NS')})"
         missing = self.untested(name, how)
@@ -87,21 +94,21 @@ class _Judge:
         if inside == host:
             return self.line(name, False, how, f"the agent shares the caller's {ns} "
                              f"namespace ({host})")
-        extra, ok, why = getattr(self, f"_ns_{ns}")()
+        extra, ok, why = seen(self)
         how = f"own {ns} namespace ({inside}, the caller's is {host})" + (f"; {extra}" if extra
                                                                        else "")
         return self.line(name, ok, how, why)
 
-    def _ns_user(self):
+    def user_ns(self) -> _Seen:
         return f"uid_map inside: {self.inside['uid_map']}", True, None
 
-    def _ns_pid(self):
+    def pid_ns(self) -> _Seen:
         procs, comm = self.inside["procs"], self.inside["init_comm"]
         ok = comm == "karotte-init" and set(procs) <= {1, self.inside["pid"]}
         return (f"the agent sees {len(procs)} processes, PID 1 is {comm}", ok,
                 f"the agent sees processes {procs[:10]} and PID 1 is {comm!r}")
 
-    def _ns_mnt(self):
+    def mnt_ns(self) -> _Seen:
         mounts = [_opts(line) for line in self.inside["mountinfo"]]
         root = next((m for m in mounts if m[0] == "/"), None)
         visible = self.inside["visible"]
@@ -117,29 +124,29 @@ class _Judge:
         return (f"read-only {root[2] if root else '?'} root, every mount nosuid, host "
                 f"{', '.join(hidden)} not visible", not problems, "; ".join(problems))
 
-    def _ns_net(self):
+    def net_ns(self) -> _Seen:
         devs = self.inside["netdevs"]
         return (f"interfaces: {', '.join(devs)}", devs == ["lo"],
                 f"the agent sees the interfaces {', '.join(devs)}, not only lo")
 
-    def _ns_ipc(self):
+    def ipc_ns(self) -> _Seen:
         return "", True, None
 
-    def _ns_uts(self):
+    def uts_ns(self) -> _Seen:
         name = self.inside["hostname"]
         return (f"hostname {name}", name == self.ev.spec.hostname,
                 f"the hostname is {name!r}, not {self.ev.spec.hostname!r}")
 
-    def _ns_cgroup(self):
+    def cgroup_ns(self) -> _Seen:
         paths = sorted(set(self.inside["cgroups"]))
         return ("/proc/self/cgroup shows / in every hierarchy", paths == ["/"],
                 f"the agent sees cgroup paths {', '.join(paths)}")
 
     # -- the agent's process
 
-    def seccomp(self) -> Protection:
+    def seccomp(self, name: str) -> Protection:
         how = "seccomp filter on every command (karotte.seccomp.DEFAULT_POLICY)"
-        missing = self.untested("seccomp", how)
+        missing = self.untested(name, how)
         if missing:
             return missing
         mode = self.inside["status"].get("Seccomp", "").strip()
@@ -150,28 +157,28 @@ class _Judge:
         wrong = [f"{label} -> {_errname(got[label])}, not {_errname(want[label])}"
                  for label in got if got[label] != want[label]]
         if mode != "2" or wrong:
-            return self.line("seccomp", False, how, "; ".join(
+            return self.line(name, False, how, "; ".join(
                 [f"Seccomp: {mode or '?'} in /proc/self/status"] + wrong))
-        return self.line("seccomp", True, f"filter mode (Seccomp: 2); {calls}")
+        return self.line(name, True, f"filter mode (Seccomp: 2); {calls}")
 
-    def no_new_privs(self) -> Protection:
+    def no_new_privs(self, name: str) -> Protection:
         how = "prctl(PR_SET_NO_NEW_PRIVS) before exec"
-        missing = self.untested("no-new-privs", how)
+        missing = self.untested(name, how)
         if missing:
             return missing
         value = self.inside["status"].get("NoNewPrivs", "").strip()
-        return self.line("no-new-privs", value == "1", "NoNewPrivs: 1 in /proc/self/status",
+        return self.line(name, value == "1", "NoNewPrivs: 1 in /proc/self/status",
                          f"NoNewPrivs: {value or '?'}")
 
-    def capabilities(self) -> Protection:
+    def capabilities(self, name: str) -> Protection:
         how = "bounding set and ambient caps dropped, then setresuid to a non-zero uid"
-        missing = self.untested("capabilities-dropped", how)
+        missing = self.untested(name, how)
         if missing:
             return missing
         caps = {k: self.inside["status"].get(k, "?").strip()
                 for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
         held = {k: v for k, v in caps.items() if set(v) != {"0"}}
-        return self.line("capabilities-dropped", not held,
+        return self.line(name, not held,
                          "CapInh, CapPrm, CapEff, CapBnd and CapAmb all 0",
                          "the agent holds capabilities: " + ", ".join(f"{k} {v}" for k, v in
                                                                      held.items()))
@@ -181,21 +188,20 @@ class _Judge:
         return (status.get("Uid", "").split(), status.get("Gid", "").split(),
                 status.get("Groups", "").strip())
 
-    def agent_uid(self) -> Protection:
-
+    def agent_uid(self, name: str) -> Protection:
         how = f"setresuid/setresgid {AGENT_UID} inside, no supplementary groups"
-        missing = self.untested("unprivileged-agent-uid", how)
+        missing = self.untested(name, how)
         if missing:
             return missing
         uids, gids, groups = self._ids()
         want = [str(AGENT_UID)] * 4
         host_uid = self.ev.agent_host_uid
         if uids != want or gids != want or groups not in ("", str(AGENT_UID)):
-            return self.line("unprivileged-agent-uid", False, how,
+            return self.line(name, False, how,
                              f"the agent has Uid {' '.join(uids)}, Gid {' '.join(gids)}, "
                              f"Groups {groups or '-'}")
         if host_uid == 0:
-            return self.line("unprivileged-agent-uid", False, how,
+            return self.line(name, False, how,
                              "files the agent writes belong to host root (uid 0)",
                              f"check KAROTTE_UID_BASE; {_BUG}")
         gid = self.ev.agent_host_gid
@@ -206,13 +212,11 @@ class _Judge:
             where = f"uid {host_uid} ({host_uid:#x}), {_account(host_uid)}"
             binds = (f"so do files it writes through a writable bind (rw), whose source must "
                      f"let group {gid} write (chgrp {gid}; chmod g+rwxs)")
-        return self.line("unprivileged-agent-uid", True,
+        return self.line(name, True,
                          f"uid and gid {AGENT_UID} inside, no groups; on the host the agent's "
                          f"files belong to {where}, group {gid}; {binds}")
 
-    def separate_host_uid(self) -> Protection:
-
-        name = "separate-host-uid"
+    def separate_host_uid(self, name: str) -> Protection:
         how = (f"as root, the sandbox's ids map to host {DEFAULT_UID_BASE:#x}.. "
                f"(KAROTTE_UID_BASE), and the agent is a host uid of its own per sandbox, from "
                f"{DEFAULT_UID_BASE + 65536:#x}..")
@@ -239,8 +243,7 @@ class _Judge:
         return self.line(name, True, f"the agent's host uid {host_uid} ({host_uid:#x}) is not "
                          f"the caller's ({self.host.euid}) and is {_account(host_uid)}")
 
-    def own_userns_owner(self) -> Protection:
-        name = "own-userns-owner"
+    def own_userns_owner(self, name: str) -> Protection:
         how = ("as root, each sandbox's user namespace is created by a host uid of its own, "
                "and the agent runs as it, so per-user kernel counts made inside (inotify "
                "instances, message-queue bytes, queued signals, epoll watches, pipe buffers, "
@@ -272,30 +275,30 @@ class _Judge:
                          f"{owner} ({owner:#x}), the agent's own, not the caller's "
                          f"({self.host.euid}); that uid is {_account(owner)}")
 
-    def new_session(self) -> Protection:
+    def new_session(self, name: str) -> Protection:
         how = "setsid() before exec: no controlling tty shared with the host"
-        missing = self.untested("new-session", how)
+        missing = self.untested(name, how)
         if missing:
             return missing
         sid, pid = self.inside["sid"], self.inside["pid"]
-        return self.line("new-session", sid == pid, f"the agent's command leads its own session "
+        return self.line(name, sid == pid, f"the agent's command leads its own session "
                          f"(sid {sid} = its pid)", f"the agent is in session {sid}, not its own "
                          f"({pid})")
 
-    def closed_fds(self) -> Protection:
+    def closed_fds(self, name: str) -> Protection:
         how = "close_range(3, ~0) before exec"
-        missing = self.untested("closed-fds", how)
+        missing = self.untested(name, how)
         if missing:
             return missing
         extra = {fd: target for fd, target in self.inside["fds"].items() if int(fd) > 2}
-        return self.line("closed-fds", not extra, "the agent's command starts with fds 0-2 only",
+        return self.line(name, not extra, "the agent's command starts with fds 0-2 only",
                          "the agent inherits fds " + ", ".join(f"{fd} ({t})" for fd, t in
                                                               sorted(extra.items())))
 
-    def rlimits(self) -> Protection:
+    def rlimits(self, name: str) -> Protection:
         spec = self.ev.spec if self.ev else PROBE_SPEC
         how = "setrlimit before exec: RLIMIT_FSIZE = disk, RLIMIT_NOFILE = nofile, RLIMIT_CORE = 0"
-        missing = self.untested("rlimits", how)
+        missing = self.untested(name, how)
         if missing:
             return missing
         got = {k: tuple(v) for k, v in self.inside["rlimits"].items()}
@@ -303,17 +306,17 @@ class _Judge:
                                                                           spec.nofile),
                 "RLIMIT_CORE": (0, 0)}
         wrong = [f"{k} is {got.get(k)}, asked {v}" for k, v in want.items() if got.get(k) != v]
-        return self.line("rlimits", not wrong,
+        return self.line(name, not wrong,
                          f"RLIMIT_FSIZE {_size(spec.disk)}, RLIMIT_NOFILE {spec.nofile}, "
                          f"RLIMIT_CORE 0 (soft = hard, read back inside)", "; ".join(wrong))
 
-    def disk_quota(self) -> Protection:
+    def disk_quota(self, name: str) -> Protection:
         from ..mounts import WORKSPACE, default_rootfs
 
         spec = self.ev.spec if self.ev else PROBE_SPEC
         how = ("every writable place of Karotte's is its own tmpfs with size= and nr_inodes=; "
                "a writable bind (rw) is the host's filesystem, outside it")
-        missing = self.untested("disk-quota", how)
+        missing = self.untested(name, how)
         if missing:
             return missing
         vfs = self.inside["statvfs"]
@@ -331,7 +334,7 @@ class _Judge:
         if tuple(ws) != (spec.disk, spec.inodes):
             problems.append(f"{WORKSPACE} holds {_size(ws[0])} and {ws[1]} inodes, asked "
                             f"{_size(spec.disk)} and {spec.inodes}")
-        return self.line("disk-quota", not problems,
+        return self.line(name, not problems,
                          f"{WORKSPACE} tmpfs {_size(ws[0])}, {ws[1]} inodes (statvfs inside); "
                          f"writable: {', '.join(places)}; a writable bind (rw) is outside "
                          f"this quota: only RLIMIT_FSIZE caps each of its files",
@@ -339,40 +342,35 @@ class _Judge:
 
     # -- cgroups, read from the host
 
-    def cgroup(self, name: str) -> Protection:
+    def cgroup(self, name: str, files: dict[int, str],
+               limit: Callable[[_HostCheck, str, str], Protection]) -> Protection:
+        """files: what enforces the line, by cgroup version; limit: the verdict on what the
+        host read from them."""
         version = (self.ev and self.ev.cgroup_version) or self.host.cgroup_version
-        files = {
-            "cgroup-memory": {1: "memory.limit_in_bytes", 2: "memory.max"},
-            "cgroup-swap": {1: "memory.memsw.limit_in_bytes", 2: "memory.swap.max"},
-            "cgroup-pids": {1: "pids.max", 2: "pids.max"},
-            "cgroup-cpu": {1: "cpu.cfs_quota_us / cpu.cfs_period_us", 2: "cpu.max"},
-            "cgroup-kill": {1: "freezer.state FROZEN, SIGKILL by pidfd, thaw",
-                            2: "cgroup.kill (or cgroup.freeze, SIGKILL by pidfd)"},
-        }[name]
         how = (f"cgroup v{version} {files[version]}" if version else
                f"cgroup v1 {files[1]}, or v2 {files[2]}")
         missing = self.untested(name, how)
         if missing:
             return missing
-        return getattr(self, "_" + name.replace("-", "_"))(how)
+        return limit(self, name, how)
 
     def _placed(self) -> str | None:
         if self.ev.unplaced:
             return f"init is not in {', '.join(self.ev.unplaced)}"
         return None
 
-    def _cgroup_memory(self, how: str) -> Protection:
+    def cgroup_memory(self, name: str, how: str) -> Protection:
         spec, lim = self.ev.spec, self.ev.limits
         key = "memory.limit_in_bytes" if self.ev.cgroup_version == 1 else "memory.max"
         value = lim.get(key)
         if value != str(spec.memory) or self._placed():
-            return self.line("cgroup-memory", False, how, self._placed() or
+            return self.line(name, False, how, self._placed() or
                              f"{key} is {value or 'missing'}, asked {spec.memory}")
-        return self.line("cgroup-memory", True, f"cgroup v{self.ev.cgroup_version} {key} = "
+        return self.line(name, True, f"cgroup v{self.ev.cgroup_version} {key} = "
                          f"{_size(spec.memory)} as asked (read on the host); init is in the "
                          f"cgroup")
 
-    def _cgroup_swap(self, how: str) -> Protection:
+    def cgroup_swap(self, name: str, how: str) -> Protection:
         spec, lim = self.ev.spec, self.ev.limits
         if self.ev.cgroup_version == 1:
             key, want = "memory.memsw.limit_in_bytes", str(spec.memory)
@@ -387,20 +385,20 @@ class _Judge:
             swap = (_read("/proc/swaps") or "").splitlines()[1:]
             now = ("; swap is on now" if swap
                    else "; no swap is active now, so nothing is swapped today")
-            return self.line("cgroup-swap", False, how,
+            return self.line(name, False, how,
                              f"{key} is {value or 'missing'}: the memory cgroup cannot forbid "
                              f"swap{now}", fix)
-        return self.line("cgroup-swap", True, f"cgroup v{self.ev.cgroup_version} {key} {what}")
+        return self.line(name, True, f"cgroup v{self.ev.cgroup_version} {key} {what}")
 
-    def _cgroup_pids(self, how: str) -> Protection:
+    def cgroup_pids(self, name: str, how: str) -> Protection:
         value = self.ev.limits.get("pids.max")
         if value != str(self.ev.spec.pids) or self._placed():
-            return self.line("cgroup-pids", False, how, self._placed() or
+            return self.line(name, False, how, self._placed() or
                              f"pids.max is {value or 'missing'}, asked {self.ev.spec.pids}")
-        return self.line("cgroup-pids", True, f"cgroup v{self.ev.cgroup_version} pids.max = "
+        return self.line(name, True, f"cgroup v{self.ev.cgroup_version} pids.max = "
                          f"{self.ev.spec.pids} as asked (read on the host)")
 
-    def _cgroup_cpu(self, how: str) -> Protection:
+    def cgroup_cpu(self, name: str, how: str) -> Protection:
         lim = self.ev.limits
         quota = max(cgroups.MIN_QUOTA_US, round(self.ev.spec.cpus * cgroups.PERIOD_US))
         if self.ev.cgroup_version == 1:
@@ -410,12 +408,12 @@ class _Judge:
             got, key = lim.get("cpu.max", "None"), "cpu.max"
         want = f"{quota} {cgroups.PERIOD_US}"
         if got != want or self._placed():
-            return self.line("cgroup-cpu", False, how, self._placed() or
+            return self.line(name, False, how, self._placed() or
                              f"{key} is {got}, asked {want}")
-        return self.line("cgroup-cpu", True, f"cgroup v{self.ev.cgroup_version} {key} = {want} "
+        return self.line(name, True, f"cgroup v{self.ev.cgroup_version} {key} = {want} "
                          f"({self.ev.spec.cpus:g} CPU, read on the host)")
 
-    def _cgroup_kill(self, how: str) -> Protection:
+    def cgroup_kill(self, name: str, how: str) -> Protection:
         ev = self.ev
         if ev.cgroup_version == 1:
             ok_files = "freezer.state" in ev.kill_files
@@ -428,8 +426,8 @@ class _Judge:
             why = ev.kill_error or (
                 f"no {' or '.join(_KILL_FILES)} in the sandbox's cgroup" if not ok_files else
                 f"{ev.kill_after} of {ev.kill_before} tasks were left after kill_all()")
-            return self.line("cgroup-kill", False, how, why)
-        return self.line("cgroup-kill", True, f"cgroup v{ev.cgroup_version} {mech}: init and a "
+            return self.line(name, False, how, why)
+        return self.line(name, True, f"cgroup v{ev.cgroup_version} {mech}: init and a "
                          f"background process ({ev.kill_before} tasks) killed, cgroup empty")
 
     # -- kernel interfaces the native layer needs
@@ -449,12 +447,12 @@ class _Judge:
                          f"run Karotte on the host, or in a container whose seccomp profile "
                          f"allows {call}")
 
-    def mount_setattr(self) -> Protection:
+    def mount_setattr(self, name: str) -> Protection:
         how = "mount_setattr makes host binds read-only, nosuid, nodev"
         err = self.host.mount_setattr_errno
         if err in (errno.ENOSYS, errno.EPERM):
-            return self._refused("mount-setattr", how, "mount_setattr", err, MOUNT_SETATTR_KERNEL)
-        missing = self.untested("mount-setattr", how)
+            return self._refused(name, how, "mount_setattr", err, MOUNT_SETATTR_KERNEL)
+        missing = self.untested(name, how)
         if missing:
             return missing
         from ..mounts import default_rootfs
@@ -470,33 +468,33 @@ class _Judge:
             if not want <= opts:
                 bad.append(f"{point} lacks {','.join(sorted(want - opts))}")
         if bad:
-            return self.line("mount-setattr", False, how, "; ".join(bad))
-        return self.line("mount-setattr", True, f"kernel {self.host.kernel}: all {binds} host "
+            return self.line(name, False, how, "; ".join(bad))
+        return self.line(name, True, f"kernel {self.host.kernel}: all {binds} host "
                          f"binds are ro,nosuid,nodev (device nodes nosuid), as mountinfo "
                          f"shows inside")
 
-    def pidfd(self) -> Protection:
+    def pidfd(self, name: str) -> Protection:
         how = "init and cgroup tasks are signalled by pidfd, never by a recycled pid"
         if self.host.pidfd_errno:
-            return self._refused("pidfd", how, "pidfd_open", self.host.pidfd_errno, PIDFD_KERNEL)
-        missing = self.untested("pidfd", how)
+            return self._refused(name, how, "pidfd_open", self.host.pidfd_errno, PIDFD_KERNEL)
+        missing = self.untested(name, how)
         if missing:
             return missing
         if self.ev.init_pidfd_errno:
-            return self.line("pidfd", False, how, f"pidfd_open(init) fails with "
+            return self.line(name, False, how, f"pidfd_open(init) fails with "
                              f"{errno.errorcode.get(self.ev.init_pidfd_errno)}")
-        return self.line("pidfd", True, "pidfd_open works; init was spawned with CLONE_PIDFD "
+        return self.line(name, True, "pidfd_open works; init was spawned with CLONE_PIDFD "
                          "and is held by a pidfd")
 
-    def clone3(self) -> Protection:
+    def clone3(self, name: str) -> Protection:
         how = "one clone3 with every CLONE_NEW* flag and CLONE_PIDFD"
         if self.host.clone3_errno in (errno.ENOSYS, errno.EPERM):
-            return self._refused("clone3", how, "clone3", self.host.clone3_errno, CLONE3_KERNEL)
-        missing = self.untested("clone3", how)
+            return self._refused(name, how, "clone3", self.host.clone3_errno, CLONE3_KERNEL)
+        missing = self.untested(name, how)
         if missing:
             return missing
         if self.ev.unplaced:
-            return self.line("clone3", False, how, self._placed())
+            return self.line(name, False, how, self._placed())
         if self.ev.cgroup_failure is not None:
             place = "no cgroup to place init in (see cgroup-memory)"
         elif self.ev.cgroup_version == 2:
@@ -505,25 +503,7 @@ class _Judge:
         else:
             place = ("on cgroup v1 the clone3 ran in a thread that had moved itself into the "
                      "sandbox's cgroups, so init started in them")
-        return self.line("clone3", True, f"clone3 spawned init in every namespace; {place}")
-
-    def all(self) -> tuple[Protection, ...]:
-        out = []
-        for name in PROTECTIONS:
-            if name in NAMESPACES:
-                out.append(self.namespace(name))
-            elif name in CGROUP_LINES:
-                out.append(self.cgroup(name))
-            else:
-                out.append(getattr(self, {
-                    "seccomp": "seccomp", "no-new-privs": "no_new_privs",
-                    "capabilities-dropped": "capabilities", "unprivileged-agent-uid": "agent_uid",
-                    "separate-host-uid": "separate_host_uid", "new-session": "new_session",
-                    "own-userns-owner": "own_userns_owner",
-                    "closed-fds": "closed_fds", "disk-quota": "disk_quota", "rlimits": "rlimits",
-                    "mount-setattr": "mount_setattr", "pidfd": "pidfd", "clone3": "clone3",
-                }[name])())
-        return tuple(out)
+        return self.line(name, True, f"clone3 spawned init in every namespace; {place}")
 
 
 def _account(uid: int) -> str:
@@ -531,3 +511,55 @@ def _account(uid: int) -> str:
         return f"the host account {pwd.getpwuid(uid).pw_name}"
     except KeyError:
         return "owned by no host account"
+
+
+Verdict = Callable[[_HostCheck, str], Protection]
+
+
+def _namespace(seen: Callable[[_HostCheck], _Seen]) -> Verdict:
+    return lambda check, name: check.namespace(name, seen)
+
+
+def _cgroup(v1: str, v2: str, limit: Callable[[_HostCheck, str, str], Protection]) -> Verdict:
+    return lambda check, name: check.cgroup(name, {1: v1, 2: v2}, limit)
+
+
+# Each line of `check` (karotte/protections.PROTECTIONS, in its order) -> its verdict.
+# tests/test_probe.py fails if a line has no verdict here, or a verdict no line.
+VERDICTS: dict[str, Verdict] = {
+    "user-namespace": _namespace(_HostCheck.user_ns),
+    "pid-namespace": _namespace(_HostCheck.pid_ns),
+    "mount-namespace": _namespace(_HostCheck.mnt_ns),
+    "network-namespace": _namespace(_HostCheck.net_ns),
+    "ipc-namespace": _namespace(_HostCheck.ipc_ns),
+    "uts-namespace": _namespace(_HostCheck.uts_ns),
+    "cgroup-namespace": _namespace(_HostCheck.cgroup_ns),
+    "seccomp": _HostCheck.seccomp,
+    "no-new-privs": _HostCheck.no_new_privs,
+    "capabilities-dropped": _HostCheck.capabilities,
+    "unprivileged-agent-uid": _HostCheck.agent_uid,
+    "separate-host-uid": _HostCheck.separate_host_uid,
+    "own-userns-owner": _HostCheck.own_userns_owner,
+    "new-session": _HostCheck.new_session,
+    "closed-fds": _HostCheck.closed_fds,
+    "cgroup-memory": _cgroup("memory.limit_in_bytes", "memory.max", _HostCheck.cgroup_memory),
+    "cgroup-swap": _cgroup("memory.memsw.limit_in_bytes", "memory.swap.max",
+                           _HostCheck.cgroup_swap),
+    "cgroup-pids": _cgroup("pids.max", "pids.max", _HostCheck.cgroup_pids),
+    "cgroup-cpu": _cgroup("cpu.cfs_quota_us / cpu.cfs_period_us", "cpu.max",
+                          _HostCheck.cgroup_cpu),
+    "cgroup-kill": _cgroup("freezer.state FROZEN, SIGKILL by pidfd, thaw",
+                           "cgroup.kill (or cgroup.freeze, SIGKILL by pidfd)",
+                           _HostCheck.cgroup_kill),
+    "disk-quota": _HostCheck.disk_quota,
+    "rlimits": _HostCheck.rlimits,
+    "mount-setattr": _HostCheck.mount_setattr,
+    "pidfd": _HostCheck.pidfd,
+    "clone3": _HostCheck.clone3,
+}
+
+
+def judge(host: _Host, run: _Evidence | _Failure) -> tuple[Protection, ...]:
+    """One Protection per line of `check`, in its order."""
+    check = _HostCheck(host, run)
+    return tuple(VERDICTS[name](check, name) for name in PROTECTIONS)
