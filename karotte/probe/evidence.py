@@ -10,12 +10,14 @@ import errno
 import json
 import os
 import platform
+import pwd
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import cgroups
 from ..errors import CgroupError, HostUnsupported, KarotteError
 from ..protections import CGROUP_LINES, NAMESPACES, PROTECTIONS
+from ..seccomp import SYSCALL_NUMBERS
 from ..spec import MiB, SandboxSpec
 from ..userns import userns_cause, userns_owner
 
@@ -40,7 +42,7 @@ PROBE_SPEC = SandboxSpec(memory=96 * MiB, pids=24, cpus=0.5, timeout=10.0, disk=
 
 # Steps of karotte-init (csrc/init.c) and of the spawn, as their errors name them, and
 # the protection each one sets up. An error at any other step names no single line.
-_STEPS = (
+_STEP_MESSAGES = (
     ("clone3", ("clone3",)),
     ("mount_setattr", ("mount-setattr",)),
     ("unshare the cgroup namespace", ("cgroup-namespace",)),
@@ -69,11 +71,18 @@ _STEPS = (
 
 # --------------------------------------------------------------------------- host facts
 
-def _read(path: str) -> str | None:
+def _read_or_none(path: str) -> str | None:
     try:
         return Path(path).read_text().strip()
     except OSError:
         return None
+
+
+def _account(uid: int) -> str:
+    try:
+        return f"the host account {pwd.getpwuid(uid).pw_name}"
+    except KeyError:
+        return "owned by no host account"
 
 
 def _kernel_version(release: str) -> tuple[int, int]:
@@ -87,8 +96,6 @@ def _kernel_version(release: str) -> tuple[int, int]:
 def _syscall_errno(name: str, *args) -> int:
     """errno of a harmless, invalid call to a syscall (0 if it succeeded). ENOSYS means
     the kernel lacks it, or a seccomp profile around this process denies it."""
-    from ..seccomp import SYSCALL_NUMBERS
-
     nr = SYSCALL_NUMBERS[name].get(platform.machine())
     if nr is None:
         return errno.ENOSYS
@@ -131,7 +138,7 @@ def _host() -> _Host:
     return _Host(
         kernel=release, version=_kernel_version(release), root=os.geteuid() == 0,
         euid=os.geteuid(),
-        sysctls={name.replace("/", "."): _read(f"/proc/sys/{name}") for name in SYSCTLS},
+        sysctls={name.replace("/", "."): _read_or_none(f"/proc/sys/{name}") for name in SYSCTLS},
         cgroup_version=version, own_ns=own_ns,
         clone3_errno=_syscall_errno("clone3", None, 0),
         mount_setattr_errno=_syscall_errno("mount_setattr", -1, None, 0, None, 0),
@@ -199,14 +206,19 @@ RLIMITS = ("RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_CORE")
 def _denied_calls() -> list[tuple[str, int, list]]:
     """Calls the default seccomp policy denies and that would succeed, or fail with
     another errno, without it: (label, number, args)."""
-    from ..seccomp import SYSCALL_NUMBERS
-
     arch = platform.machine()
     calls = [("unshare(CLONE_NEWUSER)", "unshare", [CLONE_NEWUSER]),
              ("personality(ADDR_NO_RANDOMIZE)", "personality", [ADDR_NO_RANDOMIZE]),
              ("clone3", "clone3", [None, 0])]
     return [(label, SYSCALL_NUMBERS[name][arch], args) for label, name, args in calls
             if SYSCALL_NUMBERS[name].get(arch) is not None]
+
+
+def _mount_fields(mount_line: str) -> tuple[str, set[str], str]:
+    """(mount point, per-mount options, fs type) of a /proc/self/mountinfo line."""
+    head, _, tail = mount_line.partition(" - ")
+    fields = head.split()
+    return fields[4], set(fields[5].split(",")), tail.split()[0]
 
 
 @dataclass(frozen=True)
@@ -267,7 +279,7 @@ def _failure(exc: BaseException) -> _Failure:
         return _Failure({"user-namespace": (message, userns_cause(errno.EPERM)[1])})
     if isinstance(exc, HostUnsupported) and exc.protection in PROTECTIONS:
         return _Failure({exc.protection: (message, _step_fix(exc.protection))})
-    for step, names in _STEPS:
+    for step, names in _STEP_MESSAGES:
         if step in message:
             return _Failure({name: (message, _step_fix(names[0])) for name in names})
     return _Failure({name: (message, _step_fix(name)) for name in PROTECTIONS})
@@ -305,6 +317,7 @@ def _create_sandbox():
     """(sandbox, None), or (sandbox without a cgroup, why the cgroup failed), or
     (None, why nothing could be created)."""
     try:
+        # Lazy on purpose: a missing C build becomes a reported failure, not a crash of check.
         from ..sandbox import Sandbox
     except KarotteError as exc:  # the C extension is not built
         return None, _failure(exc)

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import errno
 import os
-import pwd
 from typing import Callable
 
 from .. import cgroups
+from ..mounts import WORKSPACE, default_rootfs
 from ..protections import CGROUP_LINES, NAMESPACES, PROTECTIONS
 from ..spec import MiB
 from ..userns import AGENT_UID, DEFAULT_UID_BASE
 from .evidence import (CLONE3_KERNEL, CLONE_INTO_CGROUP_KERNEL, HIDDEN, MOUNT_SETATTR_KERNEL,
-                       PIDFD_KERNEL, PROBE_SPEC, _KILL_FILES, _STEPS, _Evidence, _Failure,
-                       _Host, _read, _step_fix)
+                       PIDFD_KERNEL, PROBE_SPEC, _KILL_FILES, _STEP_MESSAGES, _account,
+                       _Evidence, _Failure, _Host, _mount_fields, _read_or_none, _step_fix)
 from .report import Protection
 
 _BUG = "this is a bug in Karotte, not in the host: report it with `karotte-sandbox check --json`"
@@ -28,13 +28,6 @@ def _errname(err: int) -> str:
 
 def _size(n: int) -> str:
     return f"{n // MiB} MiB" if n % MiB == 0 else f"{n} bytes"
-
-
-def _opts(mount_line: str) -> tuple[str, set[str], str]:
-    """(mount point, per-mount options, fs type) of a /proc/self/mountinfo line."""
-    head, _, tail = mount_line.partition(" - ")
-    fields = head.split()
-    return fields[4], set(fields[5].split(",")), tail.split()[0]
 
 
 # What a namespace line reads inside the agent's own namespace: (what it shows, in force,
@@ -72,7 +65,8 @@ class _HostCheck:
                              f"is on the {failure.first} line)",
                              f"fix {failure.first} first, then run `karotte-sandbox check` again")
         if self.inside is None and name not in CGROUP_LINES + ("pidfd", "clone3"):
-            names = [n for step, ns in _STEPS if step in (self.ev.inside_error or "") for n in ns]
+            names = [n for step, ns in _STEP_MESSAGES if step in (self.ev.inside_error or "")
+                     for n in ns]
             if names and name not in names:
                 return self.line(name, False, how, f"untested: the agent's command could not "
                                  f"start (the cause is on the {names[0]} line)",
@@ -109,7 +103,7 @@ class _HostCheck:
                 f"the agent sees processes {procs[:10]} and PID 1 is {comm!r}")
 
     def mnt_ns(self) -> _Seen:
-        mounts = [_opts(line) for line in self.inside["mountinfo"]]
+        mounts = [_mount_fields(line) for line in self.inside["mountinfo"]]
         root = next((m for m in mounts if m[0] == "/"), None)
         visible = self.inside["visible"]
         no_nosuid = [point for point, opts, _ in mounts if "nosuid" not in opts]
@@ -311,8 +305,6 @@ class _HostCheck:
                          f"RLIMIT_CORE 0 (soft = hard, read back inside)", "; ".join(wrong))
 
     def disk_quota(self, name: str) -> Protection:
-        from ..mounts import WORKSPACE, default_rootfs
-
         spec = self.ev.spec if self.ev else PROBE_SPEC
         how = ("every writable place of Karotte's is its own tmpfs with size= and nr_inodes=; "
                "a writable bind (rw) is the host's filesystem, outside it")
@@ -322,7 +314,7 @@ class _HostCheck:
         vfs = self.inside["statvfs"]
         devices = {f"/dev/{d}" for d in default_rootfs().devices}
         problems, places = [], []
-        for point, opts, fstype in (_opts(line) for line in self.inside["mountinfo"]):
+        for point, opts, fstype in (_mount_fields(line) for line in self.inside["mountinfo"]):
             if "ro" in opts or fstype in ("proc", "devpts") or point in devices:
                 continue
             size, inodes = vfs.get(point, (0, 0))
@@ -382,7 +374,7 @@ class _HostCheck:
             fix = "enable swap accounting (CONFIG_MEMCG_SWAP, no swapaccount=0), or turn swap off"
         value = lim.get(key)
         if value != want:
-            swap = (_read("/proc/swaps") or "").splitlines()[1:]
+            swap = (_read_or_none("/proc/swaps") or "").splitlines()[1:]
             now = ("; swap is on now" if swap
                    else "; no swap is active now, so nothing is swapped today")
             return self.line(name, False, how,
@@ -455,12 +447,10 @@ class _HostCheck:
         missing = self.untested(name, how)
         if missing:
             return missing
-        from ..mounts import default_rootfs
-
         devices = {f"/dev/{d}" for d in default_rootfs().devices}
         bad = []
         binds = 0
-        for point, opts, fstype in (_opts(line) for line in self.inside["mountinfo"]):
+        for point, opts, fstype in (_mount_fields(line) for line in self.inside["mountinfo"]):
             if fstype in ("tmpfs", "proc", "devpts"):
                 continue
             binds += 1
@@ -504,13 +494,6 @@ class _HostCheck:
             place = ("on cgroup v1 the clone3 ran in a thread that had moved itself into the "
                      "sandbox's cgroups, so init started in them")
         return self.line(name, True, f"clone3 spawned init in every namespace; {place}")
-
-
-def _account(uid: int) -> str:
-    try:
-        return f"the host account {pwd.getpwuid(uid).pw_name}"
-    except KeyError:
-        return "owned by no host account"
 
 
 Verdict = Callable[[_HostCheck, str], Protection]
