@@ -391,8 +391,9 @@ class _HostCheck:
                          f"{self.ev.spec.pids} as asked (read on the host)")
 
     def cgroup_cpu(self, name: str, how: str) -> Protection:
-        lim = self.ev.limits
-        quota = max(cgroups.MIN_QUOTA_US, round(self.ev.spec.cpus * cgroups.PERIOD_US))
+        lim, spec = self.ev.limits, self.ev.spec
+        # the quota the sandbox asked for, by the same formula it wrote it with
+        quota = cgroups.CgroupLimits(memory=spec.memory, pids=spec.pids, cpus=spec.cpus).quota_us
         if self.ev.cgroup_version == 1:
             got = f"{lim.get('cpu.cfs_quota_us')} {lim.get('cpu.cfs_period_us')}"
             key = "cpu.cfs_quota_us cpu.cfs_period_us"
@@ -403,7 +404,7 @@ class _HostCheck:
             return self.line(name, False, how, self._placed() or
                              f"{key} is {got}, asked {want}")
         return self.line(name, True, f"cgroup v{self.ev.cgroup_version} {key} = {want} "
-                         f"({self.ev.spec.cpus:g} CPU, read on the host)")
+                         f"({spec.cpus:g} CPU, read on the host)")
 
     def cgroup_kill(self, name: str, how: str) -> Protection:
         ev = self.ev
