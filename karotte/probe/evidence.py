@@ -40,35 +40,6 @@ PROBE_SPEC = SandboxSpec(memory=96 * MiB, pids=24, cpus=0.5, timeout=10.0, disk=
                          allow_degraded=frozenset({"cgroup-swap"}))
 
 
-# Steps of karotte-init (csrc/init.c) and of the spawn, as their errors name them, and
-# the protection each one sets up. An error at any other step names no single line.
-_STEP_MESSAGES = (
-    ("clone3", ("clone3",)),
-    ("mount_setattr", ("mount-setattr",)),
-    ("unshare the cgroup namespace", ("cgroup-namespace",)),
-    ("sethostname", ("uts-namespace",)),
-    ("lo flags", ("network-namespace",)),
-    ("bring lo up", ("network-namespace",)),
-    ("loopback", ("network-namespace",)),
-    ("make / private", ("mount-namespace",)),
-    ("staging", ("mount-namespace",)),
-    ("pivot_root", ("mount-namespace",)),
-    ("detach the", ("mount-namespace",)),
-    ("tmpfs", ("mount-namespace", "disk-quota")),
-    ("load seccomp filter", ("seccomp",)),
-    ("no_new_privs", ("no-new-privs",)),
-    ("setrlimit", ("rlimits",)),
-    ("setresuid", ("unprivileged-agent-uid",)),
-    ("setresgid", ("unprivileged-agent-uid",)),
-    ("supplementary groups", ("unprivileged-agent-uid",)),
-    ("agent's user namespace", ("user-namespace", "unprivileged-agent-uid")),
-    ("agent's uid_map", ("user-namespace", "unprivileged-agent-uid")),
-    ("agent's gid_map", ("user-namespace", "unprivileged-agent-uid")),
-    ("setsid", ("new-session",)),
-    ("close fds", ("closed-fds",)),
-)
-
-
 # --------------------------------------------------------------------------- host facts
 
 def _read_or_none(path: str) -> str | None:
@@ -221,18 +192,6 @@ def _mount_fields(mount_line: str) -> tuple[str, set[str], str]:
     return fields[4], set(fields[5].split(",")), tail.split()[0]
 
 
-@dataclass(frozen=True)
-class _Failure:
-    """Why some lines could not be shown in force: {line: (why_not, fix)}; the first
-    entry is the root cause."""
-
-    causes: dict[str, tuple[str, str]]
-
-    @property
-    def first(self) -> str:
-        return next(iter(self.causes))
-
-
 @dataclass
 class _Evidence:
     """What the probe sandbox showed. Fields stay None where a step failed."""
@@ -252,51 +211,6 @@ class _Evidence:
     kill_before: int | None = None  # tasks in the cgroup before kill_all()
     kill_after: int | None = None
     kill_error: str | None = None
-
-
-def _cgroup_fix() -> str:
-    parent = os.environ.get(cgroups.ENV_PARENT)
-    if parent:
-        return (f"{cgroups.ENV_PARENT}={parent} must name an existing cgroup that this user may "
-                f"write (on v1: in each of the {', '.join(cgroups.V1_CONTROLLERS)} "
-                f"hierarchies); create and delegate it, or unset {cgroups.ENV_PARENT}")
-    return ("run as root, or in a delegated cgroup (`systemd-run --user --scope -p Delegate=yes "
-            f"<command>`), or set {cgroups.ENV_PARENT} to a cgroup this user may write; on v1 "
-            f"the {', '.join(cgroups.V1_CONTROLLERS)} hierarchies must be mounted, on v2 memory, "
-            "pids and cpu must be enabled for that cgroup")
-
-
-def _is_cgroup_error(exc: BaseException) -> bool:
-    return isinstance(exc, CgroupError) or (isinstance(exc, HostUnsupported)
-                                            and exc.protection == "cgroups")
-
-
-def _failure(exc: BaseException) -> _Failure:
-    message = str(exc) or type(exc).__name__
-    if _is_cgroup_error(exc):
-        return _Failure({name: (message, _cgroup_fix()) for name in CGROUP_LINES})
-    if isinstance(exc, HostUnsupported) and exc.protection == "user-namespace":
-        return _Failure({"user-namespace": (message, userns_cause(errno.EPERM)[1])})
-    if isinstance(exc, HostUnsupported) and exc.protection in PROTECTIONS:
-        return _Failure({exc.protection: (message, _step_fix(exc.protection))})
-    for step, names in _STEP_MESSAGES:
-        if step in message:
-            return _Failure({name: (message, _step_fix(names[0])) for name in names})
-    return _Failure({name: (message, _step_fix(name)) for name in PROTECTIONS})
-
-
-def _step_fix(name: str) -> str:
-    return {
-        "mount-setattr": f"karotte-init needs mount_setattr (Linux "
-                         f"{'.'.join(map(str, MOUNT_SETATTR_KERNEL))}+): upgrade the kernel, or "
-                         f"run outside a container whose seccomp profile denies it",
-        "clone3": "the spawn needs clone3 with CLONE_PIDFD (Linux 5.3+, CLONE_INTO_CGROUP "
-                  "5.7+): upgrade the kernel, or run outside a container whose seccomp profile "
-                  "denies clone3",
-        "pidfd": "the spawn needs pidfds (Linux 5.3+): upgrade the kernel",
-        "seccomp": "the kernel must be built with CONFIG_SECCOMP_FILTER",
-    }.get(name, "a kernel or container policy refused this step; run `karotte-sandbox "
-                "check` on the host itself, or as root")
 
 
 def _find_file(paths: tuple[str, ...], name: str) -> str | None:
@@ -412,3 +326,92 @@ def _run_inside(sb, ev: _Evidence) -> None:
         ev.agent_host_uid, ev.agent_host_gid = st.st_uid, st.st_gid
     except OSError as exc:
         ev.inside_error = f"the agent's file /workspace/{MARK} is not visible from the host: {exc}"
+
+
+# --------------------------------------------------------------------------- failure causes
+
+# Steps of karotte-init (csrc/init.c) and of the spawn, as their failure messages name
+# them (_failure and _HostCheck.untested match these substrings), and the lines each one
+# sets up. An error at any other step names no single line.
+_STEP_MESSAGES = (
+    ("clone3", ("clone3",)),
+    ("mount_setattr", ("mount-setattr",)),
+    ("unshare the cgroup namespace", ("cgroup-namespace",)),
+    ("sethostname", ("uts-namespace",)),
+    ("lo flags", ("network-namespace",)),
+    ("bring lo up", ("network-namespace",)),
+    ("loopback", ("network-namespace",)),
+    ("make / private", ("mount-namespace",)),
+    ("staging", ("mount-namespace",)),
+    ("pivot_root", ("mount-namespace",)),
+    ("detach the", ("mount-namespace",)),
+    ("tmpfs", ("mount-namespace", "disk-quota")),
+    ("load seccomp filter", ("seccomp",)),
+    ("no_new_privs", ("no-new-privs",)),
+    ("setrlimit", ("rlimits",)),
+    ("setresuid", ("unprivileged-agent-uid",)),
+    ("setresgid", ("unprivileged-agent-uid",)),
+    ("supplementary groups", ("unprivileged-agent-uid",)),
+    ("agent's user namespace", ("user-namespace", "unprivileged-agent-uid")),
+    ("agent's uid_map", ("user-namespace", "unprivileged-agent-uid")),
+    ("agent's gid_map", ("user-namespace", "unprivileged-agent-uid")),
+    ("setsid", ("new-session",)),
+    ("close fds", ("closed-fds",)),
+)
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """Why some lines could not be shown in force: {line: (why_not, fix)}; the first
+    entry is the root cause."""
+
+    causes: dict[str, tuple[str, str]]
+
+    @property
+    def first(self) -> str:
+        return next(iter(self.causes))
+
+
+def _cgroup_fix() -> str:
+    parent = os.environ.get(cgroups.ENV_PARENT)
+    if parent:
+        return (f"{cgroups.ENV_PARENT}={parent} must name an existing cgroup that this user may "
+                f"write (on v1: in each of the {', '.join(cgroups.V1_CONTROLLERS)} "
+                f"hierarchies); create and delegate it, or unset {cgroups.ENV_PARENT}")
+    return ("run as root, or in a delegated cgroup (`systemd-run --user --scope -p Delegate=yes "
+            f"<command>`), or set {cgroups.ENV_PARENT} to a cgroup this user may write; on v1 "
+            f"the {', '.join(cgroups.V1_CONTROLLERS)} hierarchies must be mounted, on v2 memory, "
+            "pids and cpu must be enabled for that cgroup")
+
+
+def _is_cgroup_error(exc: BaseException) -> bool:
+    return isinstance(exc, CgroupError) or (isinstance(exc, HostUnsupported)
+                                            and exc.protection == "cgroups")
+
+
+def _failure(exc: BaseException) -> _Failure:
+    message = str(exc) or type(exc).__name__
+    if _is_cgroup_error(exc):
+        return _Failure({name: (message, _cgroup_fix()) for name in CGROUP_LINES})
+    if isinstance(exc, HostUnsupported) and exc.protection == "user-namespace":
+        return _Failure({"user-namespace": (message, userns_cause(errno.EPERM)[1])})
+    if isinstance(exc, HostUnsupported) and exc.protection in PROTECTIONS:
+        return _Failure({exc.protection: (message, _step_fix(exc.protection))})
+    for step, names in _STEP_MESSAGES:
+        if step in message:
+            return _Failure({name: (message, _step_fix(names[0])) for name in names})
+    return _Failure({name: (message, _step_fix(name)) for name in PROTECTIONS})
+
+
+def _step_fix(name: str) -> str:
+    return {
+        "mount-setattr": f"karotte-init needs mount_setattr (Linux "
+                         f"{'.'.join(map(str, MOUNT_SETATTR_KERNEL))}+): upgrade the kernel, or "
+                         f"run outside a container whose seccomp profile denies it",
+        "clone3": "the spawn needs clone3 with CLONE_PIDFD (Linux 5.3+, CLONE_INTO_CGROUP "
+                  "5.7+): upgrade the kernel, or run outside a container whose seccomp profile "
+                  "denies clone3",
+        "pidfd": "the spawn needs pidfds (Linux 5.3+): upgrade the kernel",
+        "seccomp": "the kernel must be built with CONFIG_SECCOMP_FILTER",
+    }.get(name, "a kernel or container policy refused this step; run `karotte-sandbox "
+                "check` on the host itself, or as root")

@@ -501,10 +501,12 @@ Verdict = Callable[[_HostCheck, str], Protection]
 
 
 def _namespace(seen: Callable[[_HostCheck], _Seen]) -> Verdict:
+    """A namespace line: the agent's namespace is not the caller's, and seen() reads it."""
     return lambda check, name: check.namespace(name, seen)
 
 
 def _cgroup(v1: str, v2: str, limit: Callable[[_HostCheck, str, str], Protection]) -> Verdict:
+    """A cgroup line: v1 and v2 name what enforces it, limit() judges what the host read."""
     return lambda check, name: check.cgroup(name, {1: v1, 2: v2}, limit)
 
 
