@@ -20,6 +20,7 @@ import pytest
 
 from karotte import cgroups, probe
 from karotte.probe import PROBE_SPEC, PROTECTIONS
+from karotte.probe.verdicts import VERDICTS
 from karotte.sandbox import AGENT_UID, DEFAULT_UID_BASE, Sandbox
 from karotte.spec import Bind, MiB, SandboxSpec
 
@@ -119,6 +120,14 @@ def delegated_parent():
                 if os.path.isdir(os.path.join(d, child)):
                     cgroups.remove_stale(os.path.join(d, child))
             os.rmdir(d)
+
+
+# --------------------------------------------------------------------------- the table
+
+def test_every_line_of_check_has_exactly_one_verdict_in_its_order():
+    assert list(VERDICTS) == list(PROTECTIONS), (
+        f"lines without a verdict: {sorted(set(PROTECTIONS) - set(VERDICTS))}; verdicts "
+        f"without a line: {sorted(set(VERDICTS) - set(PROTECTIONS))}")
 
 
 # --------------------------------------------------------------------------- this host
