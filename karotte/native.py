@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import SandboxError
-from .seccomp import (CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID,
-                      CLONE_NEWUSER, CLONE_NEWUTS)
+from .namespaces import (CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS,
+                         CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWUTS)
 
 try:
     from ._native import ffi, lib
