@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Mapping, Sequence
 
-from . import cgroups, lifecycle, mounts, native
+from . import cgroups, lifecycle, mounts, native, net
 from . import protocol as p
 from .userns import Identity, identity, userns_blocker
 from .userns import AGENT_UID, DEFAULT_UID_BASE, ns_owner_ids  # noqa: F401 (public here too)
@@ -82,7 +82,7 @@ def _config_message(spec: SandboxSpec, ident: Identity) -> bytes:
     # signals), which an unprivileged caller shares with all its sandboxes.
     msg.rlimit(resource.RLIMIT_MSGQUEUE, 64 * KiB, 64 * KiB)
     msg.rlimit(resource.RLIMIT_SIGPENDING, 1024, 1024)
-    msg.record(p.T_LOOPBACK)
+    net.add_network_plan(msg, spec)
     mounts.add_mount_plan(msg, spec, ident.owner_uid, ident.owner_gid)
     return msg.to_bytes()
 
