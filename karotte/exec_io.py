@@ -286,11 +286,13 @@ class ExecOp:
             os.close(self.stdin_fd)
             self.stdin_fd = None
 
-    def abandon(self) -> None:
-        """Close everything (the exec was cancelled or the driver failed)."""
+    def cancel(self) -> None:
+        """Close everything and have init kill the command (the exec was cancelled or the
+        driver failed)."""
         for fd in list(self.readers):
             self._close_reader(fd)
         self._close_stdin()
+        self.core.signal(self.id, signal.SIGKILL)
 
     def result(self, peak: int | None, oom: bool) -> ExecResult:
         wall = (self.end or time.monotonic()) - self.start

@@ -47,10 +47,9 @@ DEFAULT_ENV = {
     "SHELL": "/bin/bash",
     "LANG": "C.UTF-8",
     "TMPDIR": "/tmp",
-    # The CPUs a command should plan for: the spec's bandwidth, rounded up, which
-    # exec_env() puts here (this is the default spec's 1). nproc, OpenMP and the BLAS
-    # libraries read it; os.cpu_count(), sched_getaffinity and /proc/cpuinfo still show
-    # every CPU of the host, since the limit is bandwidth on all of them, not a few CPUs.
+    # The CPUs to plan for (nproc, OpenMP, BLAS): the spec's bandwidth rounded up, set by
+    # exec_env(). cpu_count() and /proc/cpuinfo still show every host CPU: the limit is
+    # bandwidth on all of them, not a few CPUs.
     "OMP_NUM_THREADS": "1",
 }
 
@@ -205,11 +204,10 @@ class _Core:
             for fd in fds[1:]:
                 os.close(fd)
             try:
-                # An OOM in the sandbox should kill the agent's processes, not its init
-                # (which resets this for every command it starts). Only now: before its
-                # exec, init shared our memory, and the kernel applies oom_score_adj to
-                # every process sharing it, the trainer included. Needs CAP_SYS_RESOURCE;
-                # without it init stays a candidate, the smallest one.
+                # An OOM should kill the agent's processes, not init (which resets this for
+                # each command). Only now: until its exec init shared our memory, and the
+                # kernel applies it to every process sharing that, the trainer too. Needs
+                # CAP_SYS_RESOURCE; without it init stays the smallest candidate.
                 _write_proc(self.pid, "oom_score_adj", "-1000")
             except PermissionError:
                 pass
@@ -349,11 +347,10 @@ class _Core:
             self.mark_broken("the sandbox was killed")
 
     def stop(self) -> None:
-        """SIGKILL to init and nothing more (lifecycle.stop_all): the kernel kills the
-        sandbox's PID namespace with it. Safe in a signal handler and under a thread that
-        is using the sandbox: it closes nothing, and that thread's own teardown reaps and
-        releases. (Should the owner close the pidfd just now and its number go to another
-        pidfd, that one is a sandbox's too, and every sandbox is being stopped.)"""
+        """SIGKILL to init and nothing more (lifecycle.stop_all), which kills the PID
+        namespace. Safe in a signal handler and beside a thread using the sandbox: it
+        closes nothing, and that thread's teardown reaps. (A pidfd number reused meanwhile
+        is another sandbox's, and every sandbox is being stopped.)"""
         pidfd = self.pidfd
         if pidfd is None or self._creator != os.getpid():
             return
@@ -488,7 +485,7 @@ class Sandbox(_Facts):
         try:
             drive_sync(op, until=lambda: op.terminal_fd is not None)
         except BaseException:
-            self._abandon(op)
+            op.cancel()
             raise
         if op.terminal_fd is None:  # it could not start
             return Terminal(self, op, -1)
@@ -498,13 +495,9 @@ class Sandbox(_Facts):
         try:
             drive_sync(op)
         except BaseException:
-            self._abandon(op)
+            op.cancel()
             raise
         return self._core.end_exec(op)
-
-    def _abandon(self, op: ExecOp) -> None:
-        op.abandon()
-        self._core.signal(op.id, signal.SIGKILL)
 
     def kill_all(self) -> None:
         """Freeze, kill and confirm gone every process of the sandbox (it is then dead)."""
@@ -587,12 +580,10 @@ class AsyncSandbox(_Facts):
         core.finish_start(reply, fds)
 
     async def _in_thread(self, fn: Callable[[], object], undo: Callable[[object], None]) -> object:
-        """fn() in a worker thread: the event loop goes on meanwhile. If the caller is
-        cancelled, fn still runs to its end, and undo(its result) runs then, in a worker
-        thread: a spawn or an exec that completes after its caller has gone must not leave
-        an init, a cgroup or a command behind. Whichever of the two finishes second, the
-        thread or the cancelled caller, runs undo: no callback on a loop that may be
-        closing by then."""
+        """fn() in a worker thread, the event loop going on. If the caller is cancelled,
+        fn runs to its end and undo(its result) after it, so a late spawn or exec leaves no
+        init, cgroup or command behind; whichever finishes second (thread or caller) runs
+        undo, with no callback on a loop that may be closing."""
         lock = threading.Lock()
         state: dict[str, object] = {}
 
@@ -626,17 +617,13 @@ class AsyncSandbox(_Facts):
         core = self._core
         async with self._lock:
             op = await self._in_thread(
-                lambda: core.begin_exec(argv, stdin, timeout, env, cwd, on_output), self._stop)
+                lambda: core.begin_exec(argv, stdin, timeout, env, cwd, on_output), ExecOp.cancel)
             try:
                 await drive_async(op)
             except BaseException:
-                self._stop(op)
+                op.cancel()
                 raise
             return await self._in_thread(lambda: core.end_exec(op), lambda _: None)
-
-    def _stop(self, op: ExecOp) -> None:
-        op.abandon()
-        self._core.signal(op.id, signal.SIGKILL)
 
     async def kill_all(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._core.kill_all)
