@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import SandboxError
-from .seccomp import (CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID,
-                      CLONE_NEWUSER, CLONE_NEWUTS)
+from .namespaces import (CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS,
+                         CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWUTS)
 
 try:
     from ._native import ffi, lib
@@ -43,17 +43,13 @@ def spawn_init(child_fd: int, cgroup_fd: int | None, tasks: Sequence[str] | None
                owner: tuple[int, int] | None = None) -> tuple[int, int, object]:
     """Start karotte-init in fresh namespaces; child_fd becomes its fd 3.
 
-    cgroup_fd: a cgroup v2 directory to start it in (CLONE_INTO_CGROUP); tasks: the
-    `tasks` files of the cgroup v1 hierarchies to start it in, and freezer_state the v1
-    freezer.state file, which must read THAWED.
+    cgroup_fd: a v2 cgroup to start it in (CLONE_INTO_CGROUP); tasks and freezer_state:
+    the v1 hierarchies' `tasks` files and the freezer.state that must read THAWED.
+    owner: the host (uid, gid) that create, and so own, the user namespace (root only;
+    why: docs/userns.md).
 
-    owner: (uid, gid) on the host that create, and so own, the user namespace, in place
-    of the caller (which must be root to take them); the kernel charges per-user counts
-    made inside to the owner.
-
-    Returns (pid, pidfd, keepalive). The child reads its exec arguments from our
-    memory until it execs, after the go message: hold keepalive until init has
-    answered (or the child is dead). Raises SpawnError with the kernel's errno.
+    Returns (pid, pidfd, keepalive): hold keepalive until init has answered (or died), as
+    the child reads its exec arguments from our memory until its exec. Raises SpawnError.
     """
     if not os.access(INIT_PATH, os.X_OK):
         raise SandboxError(f"{INIT_PATH} is missing or not executable; rebuild with "

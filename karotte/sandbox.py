@@ -5,15 +5,14 @@ and cgroup namespaces) in one cgroup. The host drives it over a private socketpa
 each exec sends the command and three pipe fds, init runs it as the agent and
 reports how it ended. Output is read by the host directly from the pipes and capped.
 
-The exec logic is written once, as a small state machine (_ExecOp) that says which
-fds it waits on and until when; Sandbox drives it with poll(), AsyncSandbox with the
-asyncio event loop.
+This module is the life cycle. Each exec's I/O is a state machine of its own
+(karotte/exec_io.py), which Sandbox drives with poll() and AsyncSandbox with the asyncio
+event loop.
 """
 from __future__ import annotations
 
 import asyncio
 import errno
-import fcntl
 import math
 import os
 import resource
@@ -22,51 +21,23 @@ import signal
 import socket
 import termios
 import threading
-import time
 from dataclasses import dataclass
-from functools import lru_cache, wraps
+from functools import lru_cache
 from typing import Callable, Mapping, Sequence
 
-from . import cgroups, lifecycle, mounts, native
+from . import cgroups, lifecycle, mounts, native, net
 from . import protocol as p
 from .userns import Identity, identity, userns_blocker
 from .userns import AGENT_UID, DEFAULT_UID_BASE, ns_owner_ids  # noqa: F401 (public here too)
 from .results import ExecResult
 from .errors import CgroupError, HostUnsupported, SandboxClosed, SandboxError, out_of_fds
+from .exec_io import KILL_GRACE, ExecOp, drive_async, drive_sync
+from .fds import fd_exhaustion, naming_fd_exhaustion
 from .seccomp import compile_policy
 from .spec import KiB, SandboxSpec
 
 SETUP_TIMEOUT = 10.0  # seconds for init to build the root and report ready
-DRAIN_GRACE = 0.05  # after exit, how long to wait for output held open by background jobs
-KILL_GRACE = 5.0  # after a timeout kill, how long the exit report may take
 MAX_PASS_FDS = 5  # extra fds a command may get (csrc/init.c MAX_FDS less stdio)
-# A stream past its output_limit is drained (spliced into /dev/null, never copied) at
-# most once per OVERFLOW_READ_INTERVAL, OVERFLOW_PIPE_SIZE at a time: draining a flood as
-# fast as the agent writes cost the trainer a core per flooding sandbox, outside every
-# limit of the sandbox. Paced, the agent blocks on its full pipe in between: output past
-# the limit flows at up to 256 MB/s, for a few percent of a core.
-OVERFLOW_READ_INTERVAL = 0.004
-OVERFLOW_PIPE_SIZE = 1 << 20
-# Below the limit, a stream read in small pieces less than SMALL_READ_INTERVAL apart (an
-# agent writing a byte at a time to both streams woke the trainer for every byte: half a
-# core) waits that long before the next read, so small writes are read in batches. A
-# lone small write (`echo hi`, then exit) is read at once.
-SMALL_READ = 4096
-SMALL_READ_INTERVAL = 0.001
-
-
-def _raise_fd_limit() -> None:
-    """The soft RLIMIT_NOFILE up to the hard one, once, at import. Each live sandbox holds
-    fds (its socket, pidfd and workspace, on v2 its cgroup's) and each exec 3 more for a
-    moment, so a trainer with a few hundred sandboxes needs thousands; systemd starts
-    services at a soft 1024 (hard 524288), kept low only for programs that use select(),
-    and Karotte polls. The agent's limit is its own (SandboxSpec.nofile)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-_raise_fd_limit()
 
 DEFAULT_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -76,10 +47,9 @@ DEFAULT_ENV = {
     "SHELL": "/bin/bash",
     "LANG": "C.UTF-8",
     "TMPDIR": "/tmp",
-    # The CPUs a command should plan for: the spec's bandwidth, rounded up, which
-    # exec_env() puts here (this is the default spec's 1). nproc, OpenMP and the BLAS
-    # libraries read it; os.cpu_count(), sched_getaffinity and /proc/cpuinfo still show
-    # every CPU of the host, since the limit is bandwidth on all of them, not a few CPUs.
+    # The CPUs to plan for (nproc, OpenMP, BLAS): the spec's bandwidth rounded up, set by
+    # exec_env(). cpu_count() and /proc/cpuinfo still show every host CPU: the limit is
+    # bandwidth on all of them, not a few CPUs.
     "OMP_NUM_THREADS": "1",
 }
 
@@ -111,7 +81,7 @@ def _config_message(spec: SandboxSpec, ident: Identity) -> bytes:
     # signals), which an unprivileged caller shares with all its sandboxes.
     msg.rlimit(resource.RLIMIT_MSGQUEUE, 64 * KiB, 64 * KiB)
     msg.rlimit(resource.RLIMIT_SIGPENDING, 1024, 1024)
-    msg.record(p.T_LOOPBACK)
+    net.add_network_plan(msg, spec)
     mounts.add_mount_plan(msg, spec, ident.owner_uid, ident.owner_gid)
     return msg.to_bytes()
 
@@ -138,295 +108,6 @@ def _setup_error(reply: p.Reply) -> SandboxError:
         hint = (" (the kernel refused a mount inside the user namespace: a container or "
                 "LSM policy may forbid it; run `karotte-sandbox check`)")
     return SandboxError(f"sandbox setup failed at '{what}': {os.strerror(err)}{hint}")
-
-
-class _Capture:
-    """Keeps the first `limit` bytes of a stream and counts the rest."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.chunks: list[bytes] = []
-        self.kept = 0
-        self.truncated = False
-
-    def feed(self, data: bytes) -> None:
-        room = self.limit - self.kept
-        if len(data) > room:
-            self.truncated = True
-            data = data[:room]
-        if data:
-            self.chunks.append(data)
-            self.kept += len(data)
-
-    def value(self) -> bytes:
-        return b"".join(self.chunks)
-
-
-def _fd_exhaustion() -> SandboxError:
-    """The one error for running out of fds, at whichever step it happens."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    try:
-        in_use = f"{len(os.listdir('/proc/self/fd')) - 1} open"
-    except OSError:  # listing needs an fd of its own, and there may be none left
-        in_use = "all in use"
-    return SandboxError(
-        f"this process is out of file descriptors ({in_use}, RLIMIT_NOFILE {soft}, hard "
-        f"limit {hard}); a live sandbox holds 3 or more and each exec 3 more for a moment: "
-        "raise the hard limit (LimitNOFILE= of a systemd unit, ulimit -Hn; Karotte raises "
-        "the soft limit to it at import), or close sandboxes")
-
-
-def _naming_fd_exhaustion(method):
-    """The method, raising _fd_exhaustion() where it ran out of fds (a pipe, a socket,
-    a cgroup file) instead of a bare EMFILE."""
-    @wraps(method)
-    def named(*args, **kwargs):
-        try:
-            return method(*args, **kwargs)
-        except (OSError, CgroupError) as exc:
-            if out_of_fds(exc):
-                raise _fd_exhaustion() from exc
-            raise
-    return named
-
-
-class _ExecOp:
-    """One exec as a state machine: the driver asks what to wait for, and reports
-    readiness and the passing of time. It owns the host ends of the three pipes."""
-
-    def __init__(self, core: "_Core", exec_id: int, argv: list[str], stdin: bytes,
-                 timeout: float, env: Mapping[str, str], cwd: str,
-                 on_output: Callable[[int, bytes], None] | None = None,
-                 terminal: bool = False, pass_fds: Sequence[int] = ()):
-        self.core = core
-        self.on_output = on_output
-        self.id = exec_id
-        self.timeout = timeout
-        self.out = _Capture(core.spec.output_limit)
-        self.err = _Capture(core.spec.output_limit)
-        self.stdin = memoryview(stdin)
-        self.exit_reply: p.Reply | None = None
-        self.error: str | None = None
-        self.timed_out = False
-        self.kill_deadline: float | None = None
-        self.drain_deadline: float | None = None
-        self.init_died = False
-
-        msg = p.Message(p.EXEC, exec_id)
-        msg.strings(p.T_ARGV, argv)
-        msg.strings(p.T_ENV, [f"{k}={v}" for k, v in env.items()])
-        msg.string(p.T_CWD, cwd)
-        self.readers: dict[int, _Capture] = {}
-        self.paced: dict[int, float] = {}  # reader past its limit -> when to read it next
-        self.overflowing: set[int] = set()  # readers past their limit: drained, not kept
-        self.sink: int | None = None  # /dev/null, open while a reader is overflowing
-        self.last_read: dict[int, float] = {}  # reader -> when it was last read
-        self.stdin_fd: int | None = None
-        self.terminal_fd: int | None = None  # the pty master, once init sends it
-        if terminal:
-            # init makes the pty in the sandbox's devpts; the caller relays its master.
-            msg.record(p.T_TTY)
-            core.send(msg.to_bytes(), [])
-        else:
-            pipes: list[tuple[int, int]] = []
-            try:
-                while len(pipes) < 3:
-                    pipes.append(os.pipe2(os.O_CLOEXEC))
-            except BaseException:
-                for fd in (fd for pipe in pipes for fd in pipe):
-                    os.close(fd)
-                raise
-            (in_r, in_w), (out_r, out_w), (err_r, err_w) = pipes
-            for fd in (in_w, out_r, err_r):
-                os.set_blocking(fd, False)
-            try:
-                core.send(msg.to_bytes(), [in_r, out_w, err_w, *pass_fds])
-            except BaseException:
-                for fd in (in_w, out_r, err_r):
-                    os.close(fd)
-                raise
-            finally:
-                for fd in (in_r, out_w, err_w):
-                    os.close(fd)
-            self.readers = {out_r: self.out, err_r: self.err}
-            self.stdin_fd = in_w
-        if not self.stdin:
-            self._close_stdin()
-        self.start = time.monotonic()
-        self.deadline = self.start + timeout
-        self.end: float | None = None
-
-    # -- what the driver waits on
-
-    @property
-    def done(self) -> bool:
-        return (self.exit_reply is not None or self.error is not None or self.init_died) \
-            and not self.readers
-
-    def want_read(self) -> list[int]:
-        fds = [fd for fd in self.readers if fd not in self.paced]
-        if self.exit_reply is None and self.error is None and not self.init_died:
-            fds.append(self.core.sock.fileno())
-        return fds
-
-    def want_write(self) -> list[int]:
-        return [self.stdin_fd] if self.stdin_fd is not None else []
-
-    def next_deadline(self) -> float:
-        if self.drain_deadline is not None:
-            due = self.drain_deadline
-        elif self.kill_deadline is not None:
-            due = self.kill_deadline
-        else:
-            due = self.deadline
-        return min(due, *self.paced.values()) if self.paced else due
-
-    # -- events
-
-    @_naming_fd_exhaustion
-    def on_readable(self, fd: int) -> None:
-        if fd == self.core.sock.fileno():
-            self._on_reply()
-            return
-        capture = self.readers.get(fd)
-        if capture is None:
-            return
-        if fd in self.overflowing:
-            try:
-                moved = os.splice(fd, self.sink, OVERFLOW_PIPE_SIZE, flags=os.SPLICE_F_NONBLOCK)
-            except BlockingIOError:
-                return
-            if moved:
-                self.paced[fd] = time.monotonic() + OVERFLOW_READ_INTERVAL
-            else:
-                self._close_reader(fd)
-            return
-        try:
-            data = os.read(fd, 65536)
-        except BlockingIOError:
-            return
-        if data:
-            capture.feed(data)
-            if self.on_output is not None:
-                self.on_output(1 if capture is self.out else 2, data)
-            elif capture.truncated:
-                self._overflow(fd)
-            elif len(data) < SMALL_READ:
-                now = time.monotonic()
-                if now - self.last_read.get(fd, -1.0) < SMALL_READ_INTERVAL:
-                    self.paced[fd] = now + SMALL_READ_INTERVAL
-                self.last_read[fd] = now
-        else:
-            self._close_reader(fd)
-
-    def _overflow(self, fd: int) -> None:
-        """From now on fd's stream is drained at a paced rate and dropped."""
-        if self.sink is None:
-            self.sink = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-        self.overflowing.add(fd)
-        self.paced[fd] = time.monotonic() + OVERFLOW_READ_INTERVAL
-        try:  # fewer, larger drains; the kernel may refuse (the user's pipe-buffer quota)
-            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, OVERFLOW_PIPE_SIZE)
-        except OSError:
-            pass
-
-    def on_writable(self, fd: int) -> None:
-        try:
-            n = os.write(fd, self.stdin[:65536])
-        except BlockingIOError:
-            return
-        except BrokenPipeError:
-            n = len(self.stdin)  # the command stopped reading; drop the rest
-        self.stdin = self.stdin[n:]
-        if not self.stdin:
-            self._close_stdin()
-
-    def on_time(self, now: float) -> None:
-        for fd, due in list(self.paced.items()):
-            if now >= due:
-                del self.paced[fd]
-        if self.drain_deadline is not None and now >= self.drain_deadline:
-            for fd in list(self.readers):  # background jobs hold the pipes: stop waiting
-                self._close_reader(fd)
-        elif self.kill_deadline is not None and now >= self.kill_deadline:
-            self.core.mark_broken("init did not report the exit of a killed command")
-            self.init_died = True
-            self._finish(now)
-        elif not self.timed_out and now >= self.deadline:
-            self.timed_out = True
-            self.core.signal(self.id, signal.SIGKILL)
-            self.kill_deadline = now + KILL_GRACE
-
-    def _on_reply(self) -> None:
-        reply, fds = self.core.recv_with_fds()
-        now = time.monotonic()
-        if reply is not None and reply.type == p.TTY and reply.id == self.id and fds:
-            self.terminal_fd = fds.pop(0)
-        for fd in fds:
-            os.close(fd)
-        if reply is None:
-            self.core.mark_broken("the sandbox's init is gone (killed, or died of OOM)")
-            self.init_died = True
-            self._finish(now)
-        elif reply.id != self.id:
-            return  # stale report of an earlier, abandoned exec
-        elif reply.type == p.EXITED:
-            self.exit_reply = reply
-            self._finish(now)
-        elif reply.type == p.EXEC_ERR:
-            err = reply.u32(p.T_ERRNO)
-            self.error = f"{reply.text(p.T_WHAT)}: {os.strerror(err)}"
-            self._finish(now)
-
-    def _finish(self, now: float) -> None:
-        self.end = now
-        self.drain_deadline = now + DRAIN_GRACE
-        self._close_stdin()
-
-    def _close_reader(self, fd: int) -> None:
-        del self.readers[fd]
-        self.paced.pop(fd, None)
-        self.last_read.pop(fd, None)
-        self.overflowing.discard(fd)
-        os.close(fd)
-        if not self.overflowing and self.sink is not None:
-            os.close(self.sink)
-            self.sink = None
-
-    def _close_stdin(self) -> None:
-        if self.stdin_fd is not None:
-            os.close(self.stdin_fd)
-            self.stdin_fd = None
-
-    def abandon(self) -> None:
-        """Close everything (the exec was cancelled or the driver failed)."""
-        for fd in list(self.readers):
-            self._close_reader(fd)
-        self._close_stdin()
-
-    def result(self, peak: int | None, oom: bool) -> ExecResult:
-        wall = (self.end or time.monotonic()) - self.start
-        exit_code = sig = None
-        cpu = 0.0
-        error = self.error
-        if self.exit_reply is not None:
-            status = self.exit_reply.u32(p.T_WAIT_STATUS)
-            if os.WIFEXITED(status):
-                exit_code = os.WEXITSTATUS(status)
-            elif os.WIFSIGNALED(status):
-                sig = os.WTERMSIG(status)
-            user, system, _ = p.rusage(self.exit_reply)
-            cpu = user + system
-        elif error is not None:
-            exit_code = 127
-        else:
-            sig = signal.SIGKILL  # init died with the command (e.g. the sandbox OOM-killed)
-            error = self.core.broken or "the sandbox's init died"
-        stderr = self.err.value()
-        if error is not None and self.exit_reply is None:
-            stderr += f"karotte: {error}\n".encode()
-        return ExecResult(exit_code, sig, self.out.value(), stderr, self.out.truncated,
-                          self.err.truncated, self.timed_out, oom, wall, cpu, peak, error)
 
 
 class _Core:
@@ -497,7 +178,7 @@ class _Core:
         except BaseException as exc:
             self.destroy()
             if out_of_fds(exc):
-                raise _fd_exhaustion() from exc
+                raise fd_exhaustion() from exc
             raise
 
     def _make_cgroup(self) -> cgroups.Cgroup | None:
@@ -508,7 +189,7 @@ class _Core:
                 parent=self.cgroup_parent)
         except (HostUnsupported, CgroupError) as exc:
             if out_of_fds(exc):
-                raise _fd_exhaustion() from exc  # not the host's fault: no degrading for it
+                raise fd_exhaustion() from exc  # not the host's fault: no degrading for it
             if "cgroups" in spec.allow_degraded:
                 return None  # the caller accepted: no memory, pids or CPU limit
             detail = exc.detail if isinstance(exc, HostUnsupported) else str(exc)
@@ -523,17 +204,16 @@ class _Core:
             for fd in fds[1:]:
                 os.close(fd)
             try:
-                # An OOM in the sandbox should kill the agent's processes, not its init
-                # (which resets this for every command it starts). Only now: before its
-                # exec, init shared our memory, and the kernel applies oom_score_adj to
-                # every process sharing it, the trainer included. Needs CAP_SYS_RESOURCE;
-                # without it init stays a candidate, the smallest one.
+                # An OOM should kill the agent's processes, not init (which resets this for
+                # each command). Only now: until its exec init shared our memory, and the
+                # kernel applies it to every process sharing that, the trainer too. Needs
+                # CAP_SYS_RESOURCE; without it init stays the smallest candidate.
                 _write_proc(self.pid, "oom_score_adj", "-1000")
             except PermissionError:
                 pass
             except OSError as exc:
                 self.destroy()
-                raise (_fd_exhaustion() if out_of_fds(exc) else exc) from exc
+                raise (fd_exhaustion() if out_of_fds(exc) else exc) from exc
             return
         for fd in fds:
             os.close(fd)
@@ -575,7 +255,7 @@ class _Core:
             for fd in fds:
                 os.close(fd)
             self.mark_broken("file descriptors sent by init were dropped")
-            raise _fd_exhaustion()
+            raise fd_exhaustion()
         if not data:
             return None, fds
         return p.parse(data), fds
@@ -592,9 +272,9 @@ class _Core:
 
     # -- exec
 
-    @_naming_fd_exhaustion
+    @naming_fd_exhaustion
     def begin_exec(self, argv, stdin, timeout, env, cwd, on_output=None,
-                   terminal=False, pass_fds=()) -> _ExecOp:
+                   terminal=False, pass_fds=()) -> ExecOp:
         if self.closed:
             raise SandboxClosed("the sandbox is closed")
         if self.broken:
@@ -617,11 +297,11 @@ class _Core:
             self._oom_before = self.cgroup.oom_kills()
         exec_id = self._next_id
         self._next_id += 1
-        return _ExecOp(self, exec_id, argv, stdin or b"", timeout, full_env,
+        return ExecOp(self, exec_id, argv, stdin or b"", timeout, full_env,
                        cwd or mounts.WORKSPACE, on_output, terminal, pass_fds)
 
-    @_naming_fd_exhaustion
-    def end_exec(self, op: _ExecOp) -> ExecResult:
+    @naming_fd_exhaustion
+    def end_exec(self, op: ExecOp) -> ExecResult:
         peak, oom = None, False
         if self.cgroup is not None:
             peak = self.cgroup.memory_peak()
@@ -630,7 +310,7 @@ class _Core:
 
     # -- teardown
 
-    @_naming_fd_exhaustion
+    @naming_fd_exhaustion
     def kill_all(self) -> None:
         """Kill every process of the sandbox, init included, and confirm none is left.
 
@@ -667,11 +347,10 @@ class _Core:
             self.mark_broken("the sandbox was killed")
 
     def stop(self) -> None:
-        """SIGKILL to init and nothing more (lifecycle.stop_all): the kernel kills the
-        sandbox's PID namespace with it. Safe in a signal handler and under a thread that
-        is using the sandbox: it closes nothing, and that thread's own teardown reaps and
-        releases. (Should the owner close the pidfd just now and its number go to another
-        pidfd, that one is a sandbox's too, and every sandbox is being stopped.)"""
+        """SIGKILL to init and nothing more (lifecycle.stop_all), which kills the PID
+        namespace. Safe in a signal handler and beside a thread using the sandbox: it
+        closes nothing, and that thread's teardown reaps. (A pidfd number reused meanwhile
+        is another sandbox's, and every sandbox is being stopped.)"""
         pidfd = self.pidfd
         if pidfd is None or self._creator != os.getpid():
             return
@@ -804,25 +483,21 @@ class Sandbox(_Facts):
         """
         op = self._core.begin_exec(argv, b"", timeout, env, cwd, terminal=True)
         try:
-            _drive_sync(op, until=lambda: op.terminal_fd is not None)
+            drive_sync(op, until=lambda: op.terminal_fd is not None)
         except BaseException:
-            self._abandon(op)
+            op.cancel()
             raise
         if op.terminal_fd is None:  # it could not start
             return Terminal(self, op, -1)
         return Terminal(self, op, op.terminal_fd)
 
-    def _finish(self, op: _ExecOp) -> ExecResult:
+    def _finish(self, op: ExecOp) -> ExecResult:
         try:
-            _drive_sync(op)
+            drive_sync(op)
         except BaseException:
-            self._abandon(op)
+            op.cancel()
             raise
         return self._core.end_exec(op)
-
-    def _abandon(self, op: _ExecOp) -> None:
-        op.abandon()
-        self._core.signal(op.id, signal.SIGKILL)
 
     def kill_all(self) -> None:
         """Freeze, kill and confirm gone every process of the sandbox (it is then dead)."""
@@ -843,7 +518,7 @@ class Terminal:
     """A command running on a pty of the sandbox; see Sandbox.open_terminal."""
 
     sandbox: Sandbox
-    op: _ExecOp
+    op: ExecOp
     fd: int  # the pty master: read the command's output, write its input; -1 if it failed
 
     def resize(self, rows: int, cols: int) -> None:
@@ -857,29 +532,6 @@ class Terminal:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-
-def _drive_sync(op: _ExecOp, until: Callable[[], bool] = lambda: False) -> None:
-    poller = select.poll()
-    while not op.done and not until():
-        registered = {}
-        for fd in op.want_read():
-            registered[fd] = select.POLLIN
-        for fd in op.want_write():
-            registered[fd] = registered.get(fd, 0) | select.POLLOUT
-        for fd, mask in registered.items():
-            poller.register(fd, mask)
-        wait = max(0.0, op.next_deadline() - time.monotonic())
-        events = poller.poll(wait * 1000)
-        for fd in registered:
-            poller.unregister(fd)
-        for fd, ev in events:
-            if ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
-                if fd in op.want_read():
-                    op.on_readable(fd)
-            if ev & (select.POLLOUT | select.POLLERR) and fd in op.want_write():
-                op.on_writable(fd)
-        op.on_time(time.monotonic())
 
 
 class AsyncSandbox(_Facts):
@@ -928,12 +580,10 @@ class AsyncSandbox(_Facts):
         core.finish_start(reply, fds)
 
     async def _in_thread(self, fn: Callable[[], object], undo: Callable[[object], None]) -> object:
-        """fn() in a worker thread: the event loop goes on meanwhile. If the caller is
-        cancelled, fn still runs to its end, and undo(its result) runs then, in a worker
-        thread: a spawn or an exec that completes after its caller has gone must not leave
-        an init, a cgroup or a command behind. Whichever of the two finishes second, the
-        thread or the cancelled caller, runs undo: no callback on a loop that may be
-        closing by then."""
+        """fn() in a worker thread, the event loop going on. If the caller is cancelled,
+        fn runs to its end and undo(its result) after it, so a late spawn or exec leaves no
+        init, cgroup or command behind; whichever finishes second (thread or caller) runs
+        undo, with no callback on a loop that may be closing."""
         lock = threading.Lock()
         state: dict[str, object] = {}
 
@@ -967,17 +617,13 @@ class AsyncSandbox(_Facts):
         core = self._core
         async with self._lock:
             op = await self._in_thread(
-                lambda: core.begin_exec(argv, stdin, timeout, env, cwd, on_output), self._stop)
+                lambda: core.begin_exec(argv, stdin, timeout, env, cwd, on_output), ExecOp.cancel)
             try:
-                await _drive_async(op)
+                await drive_async(op)
             except BaseException:
-                self._stop(op)
+                op.cancel()
                 raise
             return await self._in_thread(lambda: core.end_exec(op), lambda _: None)
-
-    def _stop(self, op: _ExecOp) -> None:
-        op.abandon()
-        self._core.signal(op.id, signal.SIGKILL)
 
     async def kill_all(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._core.kill_all)
@@ -1002,37 +648,3 @@ class AsyncSandbox(_Facts):
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
-
-
-async def _drive_async(op: _ExecOp) -> None:
-    loop = asyncio.get_running_loop()
-    while not op.done:
-        woke = loop.create_future()
-        ready: list[tuple[int, bool]] = []
-
-        def wake(fd: int, is_read: bool) -> None:
-            ready.append((fd, is_read))
-            if not woke.done():
-                woke.set_result(None)
-
-        reads, writes = op.want_read(), op.want_write()
-        for fd in reads:
-            loop.add_reader(fd, wake, fd, True)
-        for fd in writes:
-            loop.add_writer(fd, wake, fd, False)
-        timer = loop.call_at(loop.time() + max(0.0, op.next_deadline() - time.monotonic()),
-                             lambda: woke.done() or woke.set_result(None))
-        try:
-            await woke
-        finally:
-            timer.cancel()
-            for fd in reads:
-                loop.remove_reader(fd)
-            for fd in writes:
-                loop.remove_writer(fd)
-        for fd, is_read in ready:
-            if is_read and fd in op.want_read():
-                op.on_readable(fd)
-            elif not is_read and fd in op.want_write():
-                op.on_writable(fd)
-        op.on_time(time.monotonic())

@@ -25,6 +25,10 @@ from errno import ENOSYS, EOPNOTSUPP, EPERM
 from types import MappingProxyType
 
 from karotte.errors import KarotteError
+from karotte.namespaces import CLONE_NEW_ANY
+from karotte.namespaces import (  # noqa: F401 (public here too)
+    CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWTIME,
+    CLONE_NEWUSER, CLONE_NEWUTS)
 
 
 class SeccompError(KarotteError):
@@ -464,17 +468,6 @@ _ARCH_INFO = {
 }
 
 # --- Constants the policy compares against ---------------------------------------------
-
-CLONE_NEWTIME = 0x00000080
-CLONE_NEWNS = 0x00020000
-CLONE_NEWCGROUP = 0x02000000
-CLONE_NEWUTS = 0x04000000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
-CLONE_NEW_ANY = (CLONE_NEWTIME | CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC
-                 | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET)
 
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C

@@ -19,8 +19,8 @@ import pytest
 
 from conftest import child_inits, karotte_cgroups, only_fds_to_spare, py, sandbox_processes
 from karotte.errors import SandboxClosed, SandboxError
-from karotte.sandbox import (DEFAULT_UID_BASE, AGENT_UID, AsyncSandbox, Sandbox, _drive_sync,
-                             ns_owner_ids)
+from karotte.exec_io import drive_sync
+from karotte.sandbox import DEFAULT_UID_BASE, AGENT_UID, AsyncSandbox, Sandbox, ns_owner_ids
 from karotte.spec import Bind, MiB, SandboxSpec
 
 NAMESPACES = ("user", "pid", "mnt", "net", "ipc", "uts", "cgroup")
@@ -596,7 +596,7 @@ def test_a_kill_sent_right_after_the_exec_request_is_never_lost(sandbox):
     for _ in range(200):
         op = core.begin_exec(["sleep", "30"], b"", 5.0, None, None)
         core.signal(op.id, signal.SIGKILL)  # before init can have seen the child's setsid
-        _drive_sync(op)
+        drive_sync(op)
         r = core.end_exec(op)
         survived += r.signal != signal.SIGKILL or r.timed_out
     assert survived == 0
