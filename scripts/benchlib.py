@@ -47,7 +47,7 @@ SANDBOX_PHASES: dict[str, tuple[str, str]] = {
     "create: finish_start": ("karotte.sandbox", "_Core.finish_start"),
     "exec: begin_exec (cgroup peak reset, oom count, pipes, send)":
         ("karotte.sandbox", "_Core.begin_exec"),
-    "exec: wait for exit (_drive_sync)": ("karotte.sandbox", "_drive_sync"),
+    "exec: wait for exit (drive_sync)": ("karotte.sandbox", "drive_sync"),
     "exec: end_exec (cgroup peak and oom reads)": ("karotte.sandbox", "_Core.end_exec"),
     "destroy: whole": ("karotte.sandbox", "_Core.destroy"),
     "destroy: kill_all (cgroup kill + reap init)": ("karotte.sandbox", "_Core.kill_all"),

@@ -20,7 +20,8 @@ import pytest
 
 from karotte import cgroups, probe
 from karotte.probe import PROBE_SPEC, PROTECTIONS
-from karotte.probe.verdicts import VERDICTS
+from karotte.probe.evidence import _Evidence, _host, _run_sandbox
+from karotte.probe.verdicts import VERDICTS, judge
 from karotte.sandbox import AGENT_UID, DEFAULT_UID_BASE, Sandbox
 from karotte.spec import Bind, MiB, SandboxSpec
 
@@ -349,3 +350,18 @@ def test_in_a_container_whose_seccomp_denies_clone3_check_names_clone3_and_mount
             assert line["enforced"] is False
             assert "untested: no sandbox could be created on this host (the cause is on the " \
                    "clone3 line)" == line["why_not"], name
+
+
+def test_an_agent_file_the_host_cannot_measure_fails_its_lines_instead_of_crashing_check():
+    # The probe's agent writes a file whose host owner is measured; if that stat fails,
+    # the uid lines must say so, not format a missing uid.
+    run = _run_sandbox()
+    assert isinstance(run, _Evidence) and run.inside is not None
+    run.agent_host_uid = run.agent_host_gid = None
+    run.inside_error = "the agent's file /workspace/.karotte-probe is not visible from the host"
+    lines = {p.name: p for p in judge(_host(), run)}
+    assert not lines["unprivileged-agent-uid"].enforced
+    assert "not visible from the host" in lines["unprivileged-agent-uid"].why_not
+    if os.geteuid() == 0:
+        assert not lines["separate-host-uid"].enforced
+        assert "not visible from the host" in lines["separate-host-uid"].why_not

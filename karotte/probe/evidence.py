@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .. import cgroups
 from ..errors import CgroupError, HostUnsupported, KarotteError
+from ..namespaces import CLONE_NEWUSER
 from ..protections import CGROUP_LINES, NAMESPACES, PROTECTIONS
 from ..seccomp import SYSCALL_NUMBERS
 from ..spec import MiB, SandboxSpec
@@ -169,7 +170,6 @@ os.close(os.open("/workspace/" + arg["mark"], os.O_WRONLY | os.O_CREAT | os.O_EX
 print(json.dumps(out))
 """
 
-CLONE_NEWUSER = 0x10000000
 ADDR_NO_RANDOMIZE = 0x0040000
 RLIMITS = ("RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_CORE")
 

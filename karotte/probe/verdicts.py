@@ -190,6 +190,9 @@ class _HostCheck:
         uids, gids, groups = self._ids()
         want = [str(AGENT_UID)] * 4
         host_uid = self.ev.agent_host_uid
+        if host_uid is None:
+            return self.line(name, False, how, self.ev.inside_error or "the agent's file was "
+                             "not measured from the host", _BUG)
         if uids != want or gids != want or groups not in ("", str(AGENT_UID)):
             return self.line(name, False, how,
                              f"the agent has Uid {' '.join(uids)}, Gid {' '.join(gids)}, "
@@ -232,6 +235,9 @@ class _HostCheck:
         missing = self.untested(name, how)
         if missing:
             return missing
+        if host_uid is None:
+            return self.line(name, False, how, self.ev.inside_error or "the agent's file was "
+                             "not measured from the host", _BUG)
         if host_uid in (0, self.host.euid):
             return self.line(name, False, how, f"the agent's files belong to host uid {host_uid}")
         return self.line(name, True, f"the agent's host uid {host_uid} ({host_uid:#x}) is not "
