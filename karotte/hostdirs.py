@@ -10,6 +10,7 @@ import os
 import tempfile
 
 from . import names
+from .shutdown import refuse_if_ending
 
 
 def runtime_dir() -> str:
@@ -21,8 +22,6 @@ def runtime_dir() -> str:
 
 def new_dir(tag: str, mode: int) -> str:
     """A fresh directory in runtime_dir() named after this process."""
-    from .lifecycle import refuse_if_ending  # lifecycle removes these dirs: it imports us
-
     refuse_if_ending(f"a {tag} directory")
     path = os.path.join(runtime_dir(), names.leaf_name(tag))
     os.mkdir(path, mode)
