@@ -48,7 +48,7 @@ def _check_name(name: str) -> None:
                          f"of [A-Za-z0-9_.-] (so that gc can find it), got {name!r}")
 
 
-_GUARDED = ("populated", "kill_all", "freeze", "thaw", "memory_peak", "reset_memory_peak",
+_GUARDED = ("populated", "kill_all", "thaw", "memory_peak", "reset_memory_peak",
             "cpu_seconds", "set_limits")
 
 
