@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import tempfile
 
-from . import cgroups
+from . import names
+from .shutdown import refuse_if_ending
 
 
 def runtime_dir() -> str:
@@ -21,10 +22,8 @@ def runtime_dir() -> str:
 
 def new_dir(tag: str, mode: int) -> str:
     """A fresh directory in runtime_dir() named after this process."""
-    from .lifecycle import refuse_if_ending  # lifecycle removes these dirs: it imports us
-
     refuse_if_ending(f"a {tag} directory")
-    path = os.path.join(runtime_dir(), cgroups.leaf_name(tag))
+    path = os.path.join(runtime_dir(), names.leaf_name(tag))
     os.mkdir(path, mode)
     os.chmod(path, mode)  # not narrowed by the umask
     return path
@@ -32,13 +31,13 @@ def new_dir(tag: str, mode: int) -> str:
 
 def find_stale() -> list[str]:
     """Directories of runtime_dir() made by processes that are gone."""
-    return _matching(lambda name: not cgroups.creator_alive(name))
+    return _matching(lambda name: not names.creator_alive(name))
 
 
 def find_created_by() -> list[str]:
     """Directories of runtime_dir() made by this process (its pid and start time)."""
-    mine = f"{cgroups.PREFIX}{os.getpid()}."
-    return _matching(lambda name: name.startswith(mine) and cgroups.creator_alive(name))
+    mine = f"{names.PREFIX}{os.getpid()}."
+    return _matching(lambda name: name.startswith(mine) and names.creator_alive(name))
 
 
 def _matching(keep) -> list[str]:

@@ -26,15 +26,15 @@ import sys
 import threading
 import weakref
 
-from . import cgroups, hostdirs
-from .errors import KarotteError, SandboxError
+from . import cgroups, hostdirs, shutdown
+from .errors import KarotteError
+from .shutdown import ending, refuse_if_ending  # noqa: F401  (public here, as before)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _live: "weakref.WeakSet" = weakref.WeakSet()  # sandbox cores started and not destroyed
 # Reentrant: a signal handler runs in the main thread, maybe inside track() or forget().
 _lock = threading.RLock()
-_ending: int | None = None  # the signal that ends this process (0: it is exiting)
 
 
 class Terminated(SystemExit):
@@ -45,21 +45,6 @@ class Terminated(SystemExit):
     def __init__(self, signum: int):
         super().__init__(128 + signum)
         self.signum = signum
-
-
-def ending() -> int | None:
-    """The signal that is ending this process (0 once it is exiting), or None. From then
-    on no sandbox or private directory can be created: a worker thread's next episode
-    fails at once; end the worker when this is set."""
-    return _ending
-
-
-def refuse_if_ending(what: str) -> None:
-    """Raise SandboxError instead of creating `what` while the process is ending."""
-    if _ending is not None:
-        cause = f"got {signal.Signals(_ending).name}" if _ending else "is exiting"
-        raise SandboxError(f"not creating {what}: this process {cause} and has stopped "
-                           "every sandbox (karotte.lifecycle)")
 
 
 def track(core) -> None:
@@ -83,9 +68,7 @@ def stop_all(signum: int = 0) -> None:
     (SIGKILL to each init, which takes its PID namespace down): no fd is closed and no
     state is changed under the threads that use the sandboxes, so this is safe from a
     signal handler; each sandbox's own teardown (or cleanup()) reaps and removes."""
-    global _ending
-    if _ending is None:
-        _ending = signum
+    shutdown.begin(signum)
     for core in _tracked():
         core.stop()
 
@@ -111,7 +94,7 @@ def cleanup() -> None:
 
 
 def _on_signal(signum: int, _frame) -> None:
-    first = _ending is None
+    first = shutdown.ending() is None
     stop_all(signum)
     if first:  # once: a second signal must not break the unwinding of the first
         raise Terminated(signum)
@@ -138,8 +121,8 @@ def terminated(exc: Terminated, program: str) -> int:
 
 def _forget_all() -> None:
     """In a forked child: the sandboxes are the parent's, not ours to stop or destroy."""
-    global _live, _lock, _ending
-    _live, _lock, _ending = weakref.WeakSet(), threading.RLock(), None
+    global _live, _lock
+    _live, _lock = weakref.WeakSet(), threading.RLock()
 
 
 atexit.register(cleanup)

@@ -23,6 +23,7 @@ import pytest
 
 from karotte import cgroups
 from karotte.cgroups import CgroupLimits
+from karotte.cgroups._mountinfo import _parse_mountinfo
 from karotte.errors import CgroupError, HostUnsupported
 
 MiB = 1 << 20
@@ -178,7 +179,7 @@ def test_mountinfo_co_mounted_cpu_cpuacct_and_escaped_paths_are_understood():
         "36 31 0:32 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw,nsdelegate\n"
         "37 23 0:5 / /dev rw - devtmpfs udev rw\n")
     known = frozenset({"cpu", "cpuacct", "memory", "pids", "freezer"})
-    mounts = {m.point: m for m in cgroups._parse_mountinfo(text, known)}
+    mounts = {m.point: m for m in _parse_mountinfo(text, known)}
     assert set(mounts) == {"/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/my mem",
                            "/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified"}
     assert mounts["/sys/fs/cgroup/cpu,cpuacct"].controllers == {"cpu", "cpuacct"}

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import select
-import shutil
 import signal
 import stat
 import sys
@@ -23,7 +22,7 @@ import termios
 import threading
 import tty
 
-from .. import __version__, cgroups, lifecycle
+from .. import __version__, gc, lifecycle
 from ..errors import KarotteError
 from ..results import ExecResult
 from ..spec import Bind, BindError, SandboxSpec, SpecError, parse_size
@@ -424,32 +423,25 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from .. import hostdirs
-
-    # One leftover is one line: a cgroup is a directory in each hierarchy (memory, pids,
-    # cpu, freezer, ...), removed together.
-    cgroup_dirs: dict[str, list[str]] = {}
-    for path in cgroups.find_stale():  # in removal order: those that freeze first
-        cgroup_dirs.setdefault(os.path.basename(path), []).append(path)
-    work = [("cgroup", name, paths, cgroups.remove_stale, "and killed what was in it")
-            for name, paths in cgroup_dirs.items()]
-    work += [("directory", path, [path], shutil.rmtree, "") for path in hostdirs.find_stale()]
-    if not work:
+    leftovers = gc.find()
+    if not leftovers:
         print("nothing to clean up")
         return 0
     failed = 0
-    for what, name, paths, remove, note in work:
-        where = f" ({len(paths)} hierarchies)" if what == "cgroup" else ""
+    for leftover in leftovers:  # one at a time: each line as soon as its removal ends
+        (done,) = gc.remove([leftover], dry_run=args.dry_run)
+        # One leftover is one line: a cgroup is a directory in each hierarchy (memory,
+        # pids, cpu, freezer, ...), removed together.
+        cgroup = leftover.kind == gc.CGROUP
+        what = f"{leftover.kind} {leftover.name if cgroup else leftover.paths[0]}"
+        where = f" ({len(leftover.paths)} hierarchies)" if cgroup else ""
         if args.dry_run:
-            print(f"would remove {what} {name}{where}")
-            continue
-        try:
-            for path in paths:
-                remove(path)
-            print(f"removed {what} {name}{where} {note}".rstrip())
-        except (KarotteError, OSError) as exc:
+            print(f"would remove {what}{where}")
+        elif done.removed:
+            print(f"removed {what}{where}" + (" and killed what was in it" if cgroup else ""))
+        else:
             failed += 1
-            print(f"could not remove {what} {name}: {_message(exc)}", file=sys.stderr)
+            print(f"could not remove {what}: {_message(done.error)}", file=sys.stderr)
     return 1 if failed else 0
 
 
