@@ -61,18 +61,18 @@ SANDBOX_CGROUP_PHASES: dict[int, dict[str, tuple[str, str]]] = {
     1: {"create: cgroup mkdir + limits (create, when the pool is empty)":
             ("karotte.cgroups", "V1Backend.create"),
         "cgroup: kill_all (freeze, SIGKILL, thaw, wait empty)":
-            ("karotte.cgroups", "_V1Cgroup.kill_all"),
-        "cgroup: freeze and wait FROZEN": ("karotte.cgroups", "_V1Cgroup._freeze_until"),
+            ("karotte.cgroups.v1", "_V1Cgroup.kill_all"),
+        "cgroup: freeze and wait FROZEN": ("karotte.cgroups.v1", "_V1Cgroup._freeze_until"),
         "cgroup: SIGKILL of listed tasks (_sigkill_members)":
-            ("karotte.cgroups", "_sigkill_members"),
-        "cgroup: thaw": ("karotte.cgroups", "_V1Cgroup._thaw"),
-        "cgroup: wait until empty": ("karotte.cgroups", "_V1Cgroup._empty_within"),
+            ("karotte.cgroups._base", "_sigkill_members"),
+        "cgroup: thaw": ("karotte.cgroups.v1", "_V1Cgroup._thaw"),
+        "cgroup: wait until empty": ("karotte.cgroups.v1", "_V1Cgroup._empty_within"),
         "cgroup: list tasks (cgroup.procs of each hierarchy)":
             ("karotte.cgroups", "Cgroup.pids")},
     2: {"create: cgroup mkdir + limits (create, when the pool is empty)":
             ("karotte.cgroups", "V2Backend.create"),
         "cgroup: kill_all (freeze, SIGKILL, thaw, wait empty)":
-            ("karotte.cgroups", "_V2Cgroup.kill_all")},
+            ("karotte.cgroups.v2", "_V2Cgroup.kill_all")},
 }
 EPISODE_PHASES: dict[str, tuple[str, str]] = {
     "sandbox create": ("karotte.sandbox", "Sandbox.__init__"),
