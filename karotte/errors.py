@@ -2,6 +2,8 @@
 
 import errno
 
+from .protections import PROTECTIONS
+
 
 class KarotteError(Exception):
     """Base class of every error Karotte raises on purpose."""
@@ -16,6 +18,10 @@ class HostUnsupported(KarotteError):
 
     def __init__(self, protection: str | tuple[str, ...], message: str):
         names = (protection,) if isinstance(protection, str) else tuple(protection)
+        unknown = [n for n in names if n not in PROTECTIONS]
+        if not names or unknown:
+            raise ValueError(f"HostUnsupported names {unknown or 'nothing'}: name lines of "
+                             f"`karotte-sandbox check` (karotte.protections.PROTECTIONS)")
         super().__init__(f"{', '.join(names)}: {message}")
         self.protections = names
         self.protection = names[0]

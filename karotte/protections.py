@@ -32,8 +32,9 @@ PROTECTIONS: dict[str, bool] = {
     "pidfd": True,
     "clone3": True,
 }
-# What a sandbox without a cgroup goes without: pass it as allow_degraded to accept that.
 CGROUP_LINES = ("cgroup-memory", "cgroup-swap", "cgroup-pids", "cgroup-cpu", "cgroup-kill")
+# What a sandbox without a cgroup goes without: allow_degraded=NO_CGROUP accepts that.
+NO_CGROUP = frozenset(CGROUP_LINES)
 NAMESPACES = {"user-namespace": "user", "pid-namespace": "pid", "mount-namespace": "mnt",
               "network-namespace": "net", "ipc-namespace": "ipc", "uts-namespace": "uts",
               "cgroup-namespace": "cgroup"}

@@ -31,6 +31,7 @@ from .userns import Identity, identity, userns_blocker
 from .userns import AGENT_UID, DEFAULT_UID_BASE, ns_owner_ids  # noqa: F401 (public here too)
 from .results import ExecResult
 from .errors import CgroupError, HostUnsupported, SandboxClosed, SandboxError, out_of_fds
+from .protections import CGROUP_LINES, NO_CGROUP
 from .exec_io import KILL_GRACE, ExecOp, drive_async, drive_sync
 from .fds import fd_exhaustion, naming_fd_exhaustion
 from .seccomp import compile_policy
@@ -190,12 +191,13 @@ class _Core:
         except (HostUnsupported, CgroupError) as exc:
             if out_of_fds(exc):
                 raise fd_exhaustion() from exc  # not the host's fault: no degrading for it
-            if "cgroups" in spec.allow_degraded:
+            if NO_CGROUP <= spec.allow_degraded:
                 return None  # the caller accepted: no memory, pids or CPU limit
             detail = exc.detail if isinstance(exc, HostUnsupported) else str(exc)
             raise HostUnsupported(
-                "cgroups", f"{detail}. Without a cgroup the sandbox has no memory, process or "
-                "CPU limit; pass allow_degraded={'cgroups'} to run without one") from exc
+                CGROUP_LINES, f"{detail}. Without a cgroup the sandbox has no memory, process or "
+                "CPU limit; pass allow_degraded=karotte.protections.NO_CGROUP (every cgroup-* "
+                "line) to run without one") from exc
 
     def finish_start(self, reply: p.Reply | None, fds: list[int]) -> None:
         self._spawn_args = None  # init has exec'd (or died): its arguments may go

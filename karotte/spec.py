@@ -6,6 +6,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from .protections import PROTECTIONS
+
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
@@ -132,6 +134,23 @@ class SandboxSpec:
         if self.pids < 2:
             raise SpecError("pids", "at least 2 (init and one command)", self.pids)
         _check_distinct(self.binds)
+        if isinstance(self.allow_degraded, (set, list, tuple)):
+            object.__setattr__(self, "allow_degraded", frozenset(self.allow_degraded))
+        _check_degraded(self.allow_degraded)
+
+
+def _check_degraded(names: frozenset[str]) -> None:
+    """allow_degraded names lines of `karotte-sandbox check`: a misspelt one would
+    silently accept nothing, and a sandbox would fail where its caller meant it to run."""
+    if not isinstance(names, frozenset):
+        raise SpecError("allow_degraded", "a set of check line names", names)
+    unknown = sorted(n for n in names if n not in PROTECTIONS)
+    if unknown:
+        hint = (" ('cgroups' is now the lines it stands for: "
+                "allow_degraded=karotte.protections.NO_CGROUP)" if "cgroups" in unknown else "")
+        raise SpecError("allow_degraded", "names of `karotte-sandbox check` lines, e.g. "
+                        "{'cgroup-swap'}, or NO_CGROUP to run without a cgroup" + hint,
+                        set(unknown))
 
 
 def _check_distinct(binds: tuple[Bind, ...]) -> None:

@@ -1,8 +1,10 @@
 """The sandbox's behaviour: identity, isolation, exec results, state, cleanup."""
 from __future__ import annotations
 
+import ast
 import asyncio
 import hashlib
+import importlib
 import json
 import os
 import resource
@@ -12,16 +14,19 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 import psutil
 import pytest
 
 from conftest import child_inits, karotte_cgroups, only_fds_to_spare, py, sandbox_processes
-from karotte.errors import SandboxClosed, SandboxError
+import karotte
+from karotte.errors import HostUnsupported, SandboxClosed, SandboxError
 from karotte.exec_io import drive_sync
 from karotte.sandbox import DEFAULT_UID_BASE, AGENT_UID, AsyncSandbox, Sandbox, ns_owner_ids
-from karotte.spec import Bind, MiB, SandboxSpec
+from karotte.protections import PROTECTIONS
+from karotte.spec import Bind, MiB, SandboxSpec, SpecError
 
 NAMESPACES = ("user", "pid", "mnt", "net", "ipc", "uts", "cgroup")
 
@@ -600,3 +605,35 @@ def test_a_kill_sent_right_after_the_exec_request_is_never_lost(sandbox):
         r = core.end_exec(op)
         survived += r.signal != signal.SIGKILL or r.timed_out
     assert survived == 0
+
+
+def test_allow_degraded_takes_only_the_names_of_check_lines():
+    # A misspelt name would accept nothing, silently; the old group name says what to use.
+    for name in PROTECTIONS:
+        assert SandboxSpec(allow_degraded=frozenset({name})).allow_degraded == {name}
+    with pytest.raises(SpecError, match="NO_CGROUP"):
+        SandboxSpec(allow_degraded=frozenset({"cgroups"}))
+    with pytest.raises(SpecError, match="check` lines"):
+        SandboxSpec(allow_degraded=frozenset({"swap"}))
+    assert SandboxSpec(allow_degraded={"cgroup-swap"}).allow_degraded == frozenset({"cgroup-swap"})
+
+
+def test_every_host_unsupported_names_lines_of_check():
+    # Each raise site names what it takes away as check's lines: read from the code, every
+    # first argument is a literal line name or a module constant that holds only lines.
+    with pytest.raises(ValueError, match="check"):
+        HostUnsupported("cgroups", "a name that is no line")
+    root = Path(karotte.__file__).parent
+    sites = 0
+    for path in sorted(root.rglob("*.py")):
+        module = importlib.import_module(
+            "karotte." + ".".join(path.relative_to(root).with_suffix("").parts)
+            .removesuffix(".__init__"))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id == "HostUnsupported"):
+                sites += 1
+                arg = node.args[0]
+                names = (arg.value,) if isinstance(arg, ast.Constant) else getattr(module, arg.id)
+                assert names and set(names) <= set(PROTECTIONS), f"{path}:{node.lineno}"
+    assert sites >= 10

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import BPF_JIT_CALLS, SYSCALL_PROBE
 from karotte import cgroups
+from karotte.protections import CGROUP_LINES
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 NOBODY = 65534
@@ -106,12 +107,13 @@ def test_unprivileged_caller_gets_a_working_sandbox_with_agent_uid_1000(delegate
 def test_unprivileged_caller_without_a_cgroup_fails_closed_naming_the_fix():
     out = _run_as_nobody({})
     protection, message = out["unsupported"]
-    assert protection == "cgroups"
+    assert protection == "cgroup-memory"  # the first of the check lines it takes away
+    assert message.startswith(", ".join(CGROUP_LINES) + ": ")
     assert "allow_degraded" in message
 
 
 def test_unprivileged_caller_may_accept_running_without_cgroups():
-    out = _run_as_nobody({"DEGRADE": "cgroups"})
+    out = _run_as_nobody({"DEGRADE": " ".join(CGROUP_LINES)})
     assert out["id"] == "1000" and out["cgroup"] is False
     assert out["oom"][0] is False  # no memory limit: the 1 GiB allocation succeeds
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 
 from karotte.errors import CgroupError, HostUnsupported, out_of_fds
+from karotte.protections import CGROUP_LINES
 from karotte.names import PREFIX, creator_alive, leaf_name
 
 from ._base import MIN_QUOTA_US, PERIOD_US, POOL_MAX_LEFTOVER, Backend, Cgroup, CgroupLimits
@@ -57,7 +58,7 @@ def detect() -> Backend:
                 raise  # this process is out of fds: says nothing about the host
             why.append(str(exc))
     why2, why1 = why
-    raise HostUnsupported("cgroups", f"neither cgroup backend can limit memory, pids and cpu "
+    raise HostUnsupported(CGROUP_LINES, f"neither cgroup backend can limit memory, pids and cpu "
                           f"here. v2: {why2}. v1: {why1}. Fix: boot with the unified "
                           f"hierarchy and {_DELEGATE_FIX}, or mount the v1 hierarchies "
                           f"{','.join(V1_CONTROLLERS)}")

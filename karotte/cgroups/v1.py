@@ -8,6 +8,7 @@ import os
 import time
 
 from karotte.errors import HostUnsupported
+from karotte.protections import CGROUP_LINES
 
 from ._base import Backend, Cgroup, CgroupLimits, _check_name
 from ._files import _fail, _keyed, _read, _write
@@ -156,7 +157,7 @@ class V1Backend(Backend):
                     found[c] = mount
         missing = [c for c in V1_CONTROLLERS if c not in found]
         if missing:
-            raise HostUnsupported("cgroups", f"no cgroup v1 hierarchy for {','.join(missing)} "
+            raise HostUnsupported(CGROUP_LINES, f"no cgroup v1 hierarchy for {','.join(missing)} "
                                   f"in /proc/self/mountinfo")
         return cls(found)
 

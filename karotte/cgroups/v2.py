@@ -8,6 +8,7 @@ import select
 import time
 
 from karotte.errors import CgroupError, HostUnsupported
+from karotte.protections import CGROUP_LINES
 
 from ._base import PERIOD_US, Backend, Cgroup, CgroupLimits, _check_name
 from ._files import _DELEGATE_FIX, _fail, _keyed, _read, _read_fd, _write
@@ -190,14 +191,14 @@ class V2Backend(Backend):
     def probe(cls) -> "V2Backend":
         mounts = [m for m in _mounts() if m.fstype == "cgroup2"]
         if not mounts:
-            raise HostUnsupported("cgroups", "no cgroup2 filesystem is mounted")
+            raise HostUnsupported(CGROUP_LINES, "no cgroup2 filesystem is mounted")
         backend = cls(mounts[0])
         parent = backend.parent_dir(None)
         available = set(_read(os.path.join(parent, "cgroup.controllers")).split())
         missing = sorted(set(V2_CONTROLLERS) - available)
         if missing:
             raise HostUnsupported(
-                "cgroups", f"the cgroup2 hierarchy at {mounts[0].point} does not offer "
+                CGROUP_LINES, f"the cgroup2 hierarchy at {mounts[0].point} does not offer "
                 f"{','.join(missing)} to {parent} (its cgroup.controllers: "
                 f"{' '.join(sorted(available)) or 'none'}); on a hybrid host they are bound "
                 f"to v1 hierarchies; otherwise " + _DELEGATE_FIX)
@@ -214,7 +215,7 @@ class V2Backend(Backend):
         missing = sorted(set(V2_CONTROLLERS) - available)
         if missing:
             raise HostUnsupported(
-                "cgroups", f"{parent} cannot give its children the {','.join(missing)} "
+                CGROUP_LINES, f"{parent} cannot give its children the {','.join(missing)} "
                 f"controller(s): they are not enabled in its parent's cgroup.subtree_control; "
                 + _DELEGATE_FIX)
         control = os.path.join(parent, "cgroup.subtree_control")
@@ -230,7 +231,7 @@ class V2Backend(Backend):
                    "internal processes' rule)" if busy else str(e))
             whose = "the parent given" if explicit else "the caller's own cgroup"
             raise HostUnsupported(
-                "cgroups", f"cannot enable {' '.join('+' + c for c in todo)} in {control} "
+                CGROUP_LINES, f"cannot enable {' '.join('+' + c for c in todo)} in {control} "
                 f"({whose}): {why}; " + _DELEGATE_FIX + " whose own processes sit in a leaf"
             ) from e
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from .. import cgroups
 from ..errors import CgroupError, HostUnsupported, KarotteError
 from ..namespaces import CLONE_NEWUSER
-from ..protections import CGROUP_LINES, NAMESPACES, PROTECTIONS
+from ..protections import CGROUP_LINES, NAMESPACES, NO_CGROUP, PROTECTIONS
 from ..seccomp import SYSCALL_NUMBERS
 from ..spec import MiB, SandboxSpec
 from ..userns import userns_cause, userns_owner
@@ -243,7 +243,7 @@ def _create_sandbox():
         cgroup_failure = _failure(exc)
     # Without a cgroup every other protection can still be tested: do, and report the
     # cgroup lines with the reason they are missing.
-    spec = replace(PROBE_SPEC, allow_degraded=PROBE_SPEC.allow_degraded | {"cgroups"})
+    spec = replace(PROBE_SPEC, allow_degraded=PROBE_SPEC.allow_degraded | NO_CGROUP)
     try:
         return Sandbox(spec), cgroup_failure
     except (KarotteError, OSError, ValueError) as exc:
@@ -386,7 +386,7 @@ def _cgroup_fix() -> str:
 
 def _is_cgroup_error(exc: BaseException) -> bool:
     return isinstance(exc, CgroupError) or (isinstance(exc, HostUnsupported)
-                                            and exc.protection == "cgroups")
+                                            and exc.protection in CGROUP_LINES)
 
 
 def _failure(exc: BaseException) -> _Failure:
