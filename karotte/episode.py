@@ -37,7 +37,7 @@ from .custody import Custody, deliverable_violations, take_custody
 from .environment import Environment, File, check_environment, check_files, load
 from .errors import KarotteError, SandboxClosed
 from .grading import GradeReport, run_grader
-from .results import ExecResult, capped
+from .results import REASONS, ExecResult, capped
 from .sandbox import AsyncSandbox, Sandbox
 from .scan import ScanLimits, Violation
 from .seeding import env_name, env_seed
@@ -113,9 +113,7 @@ class Outcome:
     env: str  # module:Class of the environment
     seed: int  # the trainer's seed (never the one derived for the environment)
     reward: float
-    # "graded", "gave_up", "budget_exhausted", "scanner_rejected_required_output",
-    # "grader_crashed", "grader_timeout", "reward_out_of_range", ..., "infra_error"
-    reason: str
+    reason: str  # one of REASONS: "graded", "gave_up", "budget_exhausted", ..., "infra_error"
     violations: tuple[Violation, ...]  # those the scan holds (docs/scan.md)
     violations_dropped: int  # found by the scan, over what it holds: counted only
     infra_error: str | None  # set only when the infrastructure failed: mask, do not score
@@ -124,6 +122,11 @@ class Outcome:
     details: Mapping[str, Any]  # from the grader: JSON data, top-level entries that fit
     details_dropped: int  # top-level entries of the grader's details left out
     grader_log: str
+
+    def __post_init__(self):
+        if self.reason not in REASONS:
+            raise ValueError(f"{self.reason!r} is not an outcome reason; Outcome.reason is one "
+                             f"of karotte.results.REASONS: {', '.join(sorted(REASONS))}")
 
     def to_dict(self) -> dict[str, Any]:
         """The outcome as plain data that json.dumps takes (a NaN in details is "NaN")."""
