@@ -28,8 +28,6 @@ import math
 import numbers
 import tarfile
 import time
-import weakref
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Mapping
 
@@ -37,6 +35,8 @@ from .custody import Custody, deliverable_violations, take_custody
 from .environment import Environment, File, check_environment, check_files, load
 from .errors import KarotteError, SandboxClosed
 from .grading import GradeReport, run_grader
+from .limiter import DEFAULT_CONCURRENCY, set_concurrency  # noqa: F401 (their old home)
+from .limiter import Limiter, Slots, default_limiter
 from .results import REASONS, ExecResult, capped
 from .sandbox import AsyncSandbox, Sandbox
 from .scan import ScanLimits, Violation
@@ -59,7 +59,6 @@ eval "$1"
 """ % {"state": SHELL_STATE}
 UNTAR = ["tar", "-x", "--no-same-owner", "-m", "-C", "/workspace", "-f", "-"]
 TRUNCATED = "\n[karotte: output truncated, only the first {limit} bytes of {stream} are shown]\n"
-DEFAULT_CONCURRENCY = 64
 MAX_ARGUMENT = 128 * 1024 - 1  # MAX_ARG_STRLEN: the kernel's limit on one argv string
 DEFAULT_MAX_TURNS = 1000
 
@@ -568,68 +567,39 @@ class Episode(_Facts):
         self.close()
 
 
-@dataclass
-class _Slots:
-    """Per event loop: who may hold a sandbox, and the threads that do an episode's
-    blocking work (the environment's methods at reset, custody and grading at finish: as
-    many as may hold a sandbox, so they are not capped by asyncio's default executor)."""
-
-    semaphore: asyncio.Semaphore
-    executor: ThreadPoolExecutor
-
-
-_slots: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Slots]" = \
-    weakref.WeakKeyDictionary()
-_concurrency = DEFAULT_CONCURRENCY
-
-
-def set_concurrency(n: int) -> None:
-    """How many async episodes may hold a sandbox at once (per event loop)."""
-    global _concurrency
-    if n < 1:
-        raise ValueError("concurrency must be at least 1")
-    _concurrency = n
-    for slots in _slots.values():
-        slots.executor.shutdown(wait=False)
-    _slots.clear()
-
-
-def _loop_slots() -> _Slots:
-    loop = asyncio.get_running_loop()
-    if loop not in _slots:
-        _slots[loop] = _Slots(asyncio.Semaphore(_concurrency), ThreadPoolExecutor(
-            _concurrency, thread_name_prefix="karotte-episode"))
-    return _slots[loop]
-
-
-async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    """fn(*args) in an episode thread: the loop goes on with other episodes meanwhile."""
-    return await asyncio.get_running_loop().run_in_executor(_loop_slots().executor, fn, *args)
-
-
 class AsyncEpisode(_Facts):
-    """The asyncio face of Episode. At most set_concurrency() episodes per event loop hold
-    a sandbox at once; the others wait in reset(). The blocking work (the environment's
-    methods, creating and destroying sandboxes, custody, grading) runs in threads, never
-    on the event loop."""
+    """The asyncio face of Episode. At most limiter.n of the episodes that share a limiter
+    hold a sandbox at once, per event loop (karotte/limiter.py); the others wait in
+    reset(). The blocking work (the environment's methods, creating and destroying
+    sandboxes, custody, grading) runs in the limiter's threads, never on the event loop."""
 
     def __init__(self, env: Environment | str, seed: int = 0, *,
                  scan_limits: ScanLimits | None = None, key: bytes | str | None = None,
-                 max_turns: int = DEFAULT_MAX_TURNS, max_seconds: float | None = None):
-        """As Episode."""
+                 max_turns: int = DEFAULT_MAX_TURNS, max_seconds: float | None = None,
+                 limiter: Limiter | None = None):
+        """As Episode. limiter: a Limiter shared with the episodes it bounds; None takes
+        the default one (set_concurrency's) as it is at reset()."""
+        if limiter is not None and not isinstance(limiter, Limiter):
+            raise TypeError(f"limiter must be a karotte.limiter.Limiter (Limiter(n): n "
+                            f"episodes at once), got {type(limiter).__name__}")
         self._flow = _Flow(env, seed, scan_limits, key, max_turns, max_seconds)
+        self._limiter = limiter
         self._sandbox: AsyncSandbox | None = None
-        self._slot: asyncio.Semaphore | None = None
+        self._slots: Slots | None = None  # held from reset() to close()
+
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args) in a thread of the limiter: the loop goes on with other episodes."""
+        return await asyncio.get_running_loop().run_in_executor(self._slots.executor, fn, *args)
 
     async def reset(self) -> str:
         flow = self._flow
         flow.begin_reset()
-        slot = _loop_slots().semaphore
-        await slot.acquire()
-        self._slot = slot
+        slots = (self._limiter or default_limiter()).slots()
+        await slots.semaphore.acquire()
+        self._slots = slots
         t = time.monotonic()
         try:
-            prompt, setup = await _in_thread(flow.prepare)
+            prompt, setup = await self._in_thread(flow.prepare)
             self._sandbox = await AsyncSandbox(flow.env.limits).start()
             if setup:
                 r = await self._sandbox.exec(setup[0], stdin=setup[1])
@@ -678,7 +648,7 @@ class AsyncEpisode(_Facts):
         if flow.finished is not None:
             return flow.finished
         sb = self._live()
-        outcome = flow.out_of_time() or await _in_thread(
+        outcome = flow.out_of_time() or await self._in_thread(
             flow.finish, sb.kill_all_blocking, sb.workspace_fd, sb.close_blocking)
         await self.close()
         return outcome
@@ -688,9 +658,9 @@ class AsyncEpisode(_Facts):
         if self._sandbox is not None:
             sb, self._sandbox = self._sandbox, None
             await sb.close()
-        if self._slot is not None:
-            slot, self._slot = self._slot, None
-            slot.release()
+        if self._slots is not None:
+            slots, self._slots = self._slots, None
+            slots.semaphore.release()
 
     async def __aenter__(self) -> "AsyncEpisode":
         return self
