@@ -29,7 +29,7 @@ import numbers
 import tarfile
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Generic, Mapping, TypeVar
 
 from .custody import Custody, deliverable_violations, take_custody
 from .environment import Environment, File, check_environment, check_files, load
@@ -61,6 +61,7 @@ UNTAR = ["tar", "-x", "--no-same-owner", "-m", "-C", "/workspace", "-f", "-"]
 TRUNCATED = "\n[karotte: output truncated, only the first {limit} bytes of {stream} are shown]\n"
 MAX_ARGUMENT = 128 * 1024 - 1  # MAX_ARG_STRLEN: the kernel's limit on one argv string
 DEFAULT_MAX_TURNS = 1000
+_S = TypeVar("_S", Sandbox, AsyncSandbox)
 
 # REC-BOUND-01: every text an Outcome keeps has a size that the agent cannot grow, as
 # bytes of its JSON form (results.capped). The log has one record per tool call, and the
@@ -272,6 +273,12 @@ class _Flow:
         check_files(env.hidden_files(seed), "hidden_files", allow_file=False)
         return prompt, (UNTAR, _tarball(files)) if files else None
 
+    @staticmethod
+    def placed(result: ExecResult) -> None:
+        """Raises unless the command that placed the task's files succeeded."""
+        if result.exit_code != 0:
+            raise KarotteError(f"placing the task's files failed: {result.stderr[-2000:]!r}")
+
     def started(self, t0: float) -> None:
         now = time.monotonic()
         self.t_reset = now - t0
@@ -445,10 +452,11 @@ class _Flow:
             custody.discard()
 
 
-class _Facts:
-    """What both faces tell about their episode."""
+class _Facts(Generic[_S]):
+    """What both faces tell about their episode, and their sandbox's hand-over."""
 
     _flow: _Flow
+    _sandbox: _S | None
 
     @property
     def env(self) -> Environment:
@@ -468,8 +476,19 @@ class _Facts:
         """The environment's reference solution for this episode (bash commands)."""
         return list(self._flow.env.reference_solution(self._flow.env_seed))
 
+    def _live(self) -> _S:
+        """The sandbox, while the episode runs; SandboxClosed, saying why, otherwise."""
+        self._flow.live()
+        return self._sandbox
 
-class Episode(_Facts):
+    def _let_go(self) -> _S | None:
+        """The sandbox to close, no longer the episode's (None if it has none)."""
+        self._flow.running = False
+        sb, self._sandbox = self._sandbox, None
+        return sb
+
+
+class Episode(_Facts[Sandbox]):
     """One episode, synchronous. Use as a context manager; exit always cleans up."""
 
     def __init__(self, env: Environment | str, seed: int = 0, *,
@@ -495,18 +514,12 @@ class Episode(_Facts):
         self._sandbox = Sandbox(flow.env.limits)
         try:
             if setup:
-                r = self._sandbox.exec(setup[0], stdin=setup[1])
-                if r.exit_code != 0:
-                    raise KarotteError(f"placing the task's files failed: {r.stderr[-2000:]!r}")
+                flow.placed(self._sandbox.exec(setup[0], stdin=setup[1]))
         except BaseException:
             self.close()
             raise
         flow.started(t)
         return prompt
-
-    def _live(self) -> Sandbox:
-        self._flow.live()
-        return self._sandbox
 
     def exec(self, command: str, timeout: float | None = None) -> ToolResult:
         """The agent's bash tool: cd and export carry over to the next command. timeout:
@@ -555,9 +568,8 @@ class Episode(_Facts):
         return flow.finish(sb.kill_all, sb.workspace_fd, self.close)
 
     def close(self) -> None:
-        self._flow.running = False
-        if self._sandbox is not None:
-            sb, self._sandbox = self._sandbox, None
+        sb = self._let_go()
+        if sb is not None:
             sb.close()
 
     def __enter__(self) -> "Episode":
@@ -567,7 +579,7 @@ class Episode(_Facts):
         self.close()
 
 
-class AsyncEpisode(_Facts):
+class AsyncEpisode(_Facts[AsyncSandbox]):
     """The asyncio face of Episode. At most limiter.n of the episodes that share a limiter
     hold a sandbox at once, per event loop (karotte/limiter.py); the others wait in
     reset(). The blocking work (the environment's methods, creating and destroying
@@ -602,18 +614,12 @@ class AsyncEpisode(_Facts):
             prompt, setup = await self._in_thread(flow.prepare)
             self._sandbox = await AsyncSandbox(flow.env.limits).start()
             if setup:
-                r = await self._sandbox.exec(setup[0], stdin=setup[1])
-                if r.exit_code != 0:
-                    raise KarotteError(f"placing the task's files failed: {r.stderr[-2000:]!r}")
+                flow.placed(await self._sandbox.exec(setup[0], stdin=setup[1]))
         except BaseException:
             await self.close()
             raise
         flow.started(t)
         return prompt
-
-    def _live(self) -> AsyncSandbox:
-        self._flow.live()
-        return self._sandbox
 
     async def exec(self, command: str, timeout: float | None = None) -> ToolResult:
         return await self._tool("bash", command, timeout=timeout)
@@ -654,9 +660,8 @@ class AsyncEpisode(_Facts):
         return outcome
 
     async def close(self) -> None:
-        self._flow.running = False
-        if self._sandbox is not None:
-            sb, self._sandbox = self._sandbox, None
+        sb = self._let_go()
+        if sb is not None:
             await sb.close()
         if self._slots is not None:
             slots, self._slots = self._slots, None
