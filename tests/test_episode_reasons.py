@@ -12,7 +12,8 @@ from envs.basic import Addition
 
 from karotte import grading
 from karotte.custody import Custody
-from karotte.episode import Outcome, Timings, _Flow
+from karotte.episode import _Flow
+from karotte.outcome import Outcome, Timings
 from karotte.errors import KarotteError
 from karotte.results import REASONS, ExecResult
 from karotte.scan import ScanResult, Violation
