@@ -106,10 +106,8 @@ def _copy_tree(src: Path, dst: Path) -> None:
 def grader_library(package: str) -> str:
     """A private copy of Karotte's grader runtime and of the environment's top-level
     package, made once per process: the grader imports from it, read-only."""
-    import karotte
-
     lib = Path(private_dir("lib"))
-    karotte_src = Path(karotte.__file__).parent
+    karotte_src = Path(__file__).parent
     (lib / "karotte").mkdir()
     for name in RUNTIME_MODULES:
         shutil.copyfile(karotte_src / name, lib / "karotte" / name)
