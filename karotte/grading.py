@@ -45,7 +45,7 @@ BOOT = (f"import sys; sys.path[:0] = [{LIB_MOUNT!r}]; "
 PREFLIGHT = (f"import sys; sys.path[:0] = [{LIB_MOUNT!r}]; "
              "from karotte.grader_main import preflight; preflight()")
 PREFLIGHT_SECONDS = 60.0  # at most, for importing the environment's module
-# What the grading process imports of Karotte, and nothing more (test_grader_library_*)
+# What the grading process imports of Karotte, and nothing more (tests/test_grader_library.py)
 RUNTIME_MODULES = ("__init__.py", "environment.py", "spec.py", "results.py", "grader_runtime.py",
                    "grader_main.py")
 GRADER_LOG_LIMIT = 64 * 1024
