@@ -23,25 +23,25 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 import math
 import numbers
 import tarfile
 import time
-import weakref
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Generic, Mapping, TypeVar
 
 from .custody import Custody, deliverable_violations, take_custody
 from .environment import Environment, File, check_environment, check_files, load
 from .errors import KarotteError, SandboxClosed
 from .grading import GradeReport, run_grader
+from .limiter import DEFAULT_CONCURRENCY, set_concurrency  # noqa: F401 (their old home)
+from .limiter import Limiter, Slots, default_limiter
+from .outcome import (ARGUMENT_LOG_LIMIT, GRADER_LOG_RECORD_LIMIT, INFRA_ERROR_LIMIT, ExecRecord,
+                      Outcome, Timings, bounded_details)
 from .results import ExecResult, capped
 from .sandbox import AsyncSandbox, Sandbox
-from .scan import ScanLimits, Violation
+from .scan import ScanLimits
 from .seeding import env_name, env_seed
-from .spec import KiB
 
 SHELL_STATE = "/home/agent/.karotte-shell-state"
 # Each command runs in a fresh bash that first restores the previous command's working
@@ -59,17 +59,9 @@ eval "$1"
 """ % {"state": SHELL_STATE}
 UNTAR = ["tar", "-x", "--no-same-owner", "-m", "-C", "/workspace", "-f", "-"]
 TRUNCATED = "\n[karotte: output truncated, only the first {limit} bytes of {stream} are shown]\n"
-DEFAULT_CONCURRENCY = 64
 MAX_ARGUMENT = 128 * 1024 - 1  # MAX_ARG_STRLEN: the kernel's limit on one argv string
 DEFAULT_MAX_TURNS = 1000
-
-# REC-BOUND-01: every text an Outcome keeps has a size that the agent cannot grow, as
-# bytes of its JSON form (results.capped). The log has one record per tool call, and the
-# budget bounds the calls; the violations are bounded by the scan (docs/scan.md).
-ARGUMENT_LOG_LIMIT = 4 * KiB  # of each logged command or path
-DETAILS_LIMIT = 64 * KiB  # of the grader's details, whole top-level entries
-GRADER_LOG_RECORD_LIMIT = 64 * KiB
-INFRA_ERROR_LIMIT = 4 * KiB
+_S = TypeVar("_S", Sandbox, AsyncSandbox)
 
 
 @dataclass(frozen=True)
@@ -81,60 +73,6 @@ class ToolResult:
     timed_out: bool
     truncated: bool
     wall_seconds: float
-
-
-@dataclass(frozen=True)
-class ExecRecord:
-    tool: str  # "bash", "read_file", "write_file", "give_up"
-    argument: str  # the command, or the path: cut to ARGUMENT_LOG_LIMIT bytes of JSON
-    exit_code: int | None  # None: not run (refused, or the budget was used up)
-    timed_out: bool
-    truncated: bool
-    wall_seconds: float
-
-
-@dataclass(frozen=True)
-class Timings:
-    """Seconds per phase of the episode."""
-
-    reset: float = 0.0
-    agent: float = 0.0  # the tool calls together
-    kill: float = 0.0
-    scan: float = 0.0
-    grade: float = 0.0
-    total: float = 0.0
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How an episode ended. Every field has a bound that does not depend on the agent
-    (REC-BOUND-01); to_dict() is the same as plain JSON data."""
-
-    env: str  # module:Class of the environment
-    seed: int  # the trainer's seed (never the one derived for the environment)
-    reward: float
-    # "graded", "gave_up", "budget_exhausted", "scanner_rejected_required_output",
-    # "grader_crashed", "grader_timeout", "reward_out_of_range", ..., "infra_error"
-    reason: str
-    violations: tuple[Violation, ...]  # those the scan holds (docs/scan.md)
-    violations_dropped: int  # found by the scan, over what it holds: counted only
-    infra_error: str | None  # set only when the infrastructure failed: mask, do not score
-    timings: Timings
-    log: tuple[ExecRecord, ...]  # one per tool call: max_turns, and the one it refused
-    details: Mapping[str, Any]  # from the grader: JSON data, top-level entries that fit
-    details_dropped: int  # top-level entries of the grader's details left out
-    grader_log: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """The outcome as plain data that json.dumps takes (a NaN in details is "NaN")."""
-        return {
-            "env": self.env, "seed": self.seed, "reward": self.reward, "reason": self.reason,
-            "violations": [asdict(v) for v in self.violations],
-            "violations_dropped": self.violations_dropped, "infra_error": self.infra_error,
-            "timings": asdict(self.timings), "log": [asdict(r) for r in self.log],
-            "details": dict(self.details), "details_dropped": self.details_dropped,
-            "grader_log": self.grader_log,
-        }
 
 
 def _render(result: ExecResult, limit: int, timeout: float) -> str:
@@ -166,22 +104,6 @@ def _tarball(files: Mapping[str, bytes | str | File]) -> bytes:
             info.size, info.mode, info.mtime = len(data), f.mode, int(time.time())
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
-
-
-def _details(details: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
-    """The grader's details as plain JSON data, its top-level entries in order as long as
-    they fit in DETAILS_LIMIT bytes of JSON, and how many did not fit."""
-    kept: dict[str, Any] = {}
-    size, dropped = 2, 0
-    for key, value in details.items():
-        text = json.dumps({str(key): value})
-        cost = len(text) - 2 + (2 if kept else 0)  # the entry, and ", " before it
-        if size + cost > DETAILS_LIMIT:
-            dropped += 1
-            continue
-        kept.update(json.loads(text, parse_constant=str))  # NaN, Infinity: as text
-        size += cost
-    return kept, dropped
 
 
 def bash_argv(command: str) -> list[str]:
@@ -269,6 +191,12 @@ class _Flow:
         files = check_files(env.workspace_files(seed), "workspace_files", allow_file=True)
         check_files(env.hidden_files(seed), "hidden_files", allow_file=False)
         return prompt, (UNTAR, _tarball(files)) if files else None
+
+    @staticmethod
+    def placed(result: ExecResult) -> None:
+        """Raises unless the command that placed the task's files succeeded."""
+        if result.exit_code != 0:
+            raise KarotteError(f"placing the task's files failed: {result.stderr[-2000:]!r}")
 
     def started(self, t0: float) -> None:
         now = time.monotonic()
@@ -385,7 +313,7 @@ class _Flow:
                           custody.kill_seconds if custody else 0.0,
                           custody.scan_seconds if custody else 0.0, grade_seconds,
                           time.monotonic() - self.t_start)
-        details, dropped = _details(report.details) if report else ({}, 0)
+        details, dropped = bounded_details(report.details) if report else ({}, 0)
         self.running = False
         self.finished = Outcome(
             self.name, self.seed, bottom if reward is None else reward, reason,
@@ -443,10 +371,11 @@ class _Flow:
             custody.discard()
 
 
-class _Facts:
-    """What both faces tell about their episode."""
+class _Facts(Generic[_S]):
+    """What both faces tell about their episode, and their sandbox's hand-over."""
 
     _flow: _Flow
+    _sandbox: _S | None
 
     @property
     def env(self) -> Environment:
@@ -466,8 +395,19 @@ class _Facts:
         """The environment's reference solution for this episode (bash commands)."""
         return list(self._flow.env.reference_solution(self._flow.env_seed))
 
+    def _live(self) -> _S:
+        """The sandbox, while the episode runs; SandboxClosed, saying why, otherwise."""
+        self._flow.live()
+        return self._sandbox
 
-class Episode(_Facts):
+    def _let_go(self) -> _S | None:
+        """The sandbox to close, no longer the episode's (None if it has none)."""
+        self._flow.running = False
+        sb, self._sandbox = self._sandbox, None
+        return sb
+
+
+class Episode(_Facts[Sandbox]):
     """One episode, synchronous. Use as a context manager; exit always cleans up."""
 
     def __init__(self, env: Environment | str, seed: int = 0, *,
@@ -493,18 +433,12 @@ class Episode(_Facts):
         self._sandbox = Sandbox(flow.env.limits)
         try:
             if setup:
-                r = self._sandbox.exec(setup[0], stdin=setup[1])
-                if r.exit_code != 0:
-                    raise KarotteError(f"placing the task's files failed: {r.stderr[-2000:]!r}")
+                flow.placed(self._sandbox.exec(setup[0], stdin=setup[1]))
         except BaseException:
             self.close()
             raise
         flow.started(t)
         return prompt
-
-    def _live(self) -> Sandbox:
-        self._flow.live()
-        return self._sandbox
 
     def exec(self, command: str, timeout: float | None = None) -> ToolResult:
         """The agent's bash tool: cd and export carry over to the next command. timeout:
@@ -553,9 +487,8 @@ class Episode(_Facts):
         return flow.finish(sb.kill_all, sb.workspace_fd, self.close)
 
     def close(self) -> None:
-        self._flow.running = False
-        if self._sandbox is not None:
-            sb, self._sandbox = self._sandbox, None
+        sb = self._let_go()
+        if sb is not None:
             sb.close()
 
     def __enter__(self) -> "Episode":
@@ -565,82 +498,47 @@ class Episode(_Facts):
         self.close()
 
 
-@dataclass
-class _Slots:
-    """Per event loop: who may hold a sandbox, and the threads that do an episode's
-    blocking work (the environment's methods at reset, custody and grading at finish: as
-    many as may hold a sandbox, so they are not capped by asyncio's default executor)."""
-
-    semaphore: asyncio.Semaphore
-    executor: ThreadPoolExecutor
-
-
-_slots: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Slots]" = \
-    weakref.WeakKeyDictionary()
-_concurrency = DEFAULT_CONCURRENCY
-
-
-def set_concurrency(n: int) -> None:
-    """How many async episodes may hold a sandbox at once (per event loop)."""
-    global _concurrency
-    if n < 1:
-        raise ValueError("concurrency must be at least 1")
-    _concurrency = n
-    for slots in _slots.values():
-        slots.executor.shutdown(wait=False)
-    _slots.clear()
-
-
-def _loop_slots() -> _Slots:
-    loop = asyncio.get_running_loop()
-    if loop not in _slots:
-        _slots[loop] = _Slots(asyncio.Semaphore(_concurrency), ThreadPoolExecutor(
-            _concurrency, thread_name_prefix="karotte-episode"))
-    return _slots[loop]
-
-
-async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    """fn(*args) in an episode thread: the loop goes on with other episodes meanwhile."""
-    return await asyncio.get_running_loop().run_in_executor(_loop_slots().executor, fn, *args)
-
-
-class AsyncEpisode(_Facts):
-    """The asyncio face of Episode. At most set_concurrency() episodes per event loop hold
-    a sandbox at once; the others wait in reset(). The blocking work (the environment's
-    methods, creating and destroying sandboxes, custody, grading) runs in threads, never
-    on the event loop."""
+class AsyncEpisode(_Facts[AsyncSandbox]):
+    """The asyncio face of Episode. At most limiter.n of the episodes that share a limiter
+    hold a sandbox at once, per event loop (karotte/limiter.py); the others wait in
+    reset(). The blocking work (the environment's methods, creating and destroying
+    sandboxes, custody, grading) runs in the limiter's threads, never on the event loop."""
 
     def __init__(self, env: Environment | str, seed: int = 0, *,
                  scan_limits: ScanLimits | None = None, key: bytes | str | None = None,
-                 max_turns: int = DEFAULT_MAX_TURNS, max_seconds: float | None = None):
-        """As Episode."""
+                 max_turns: int = DEFAULT_MAX_TURNS, max_seconds: float | None = None,
+                 limiter: Limiter | None = None):
+        """As Episode. limiter: a Limiter shared with the episodes it bounds; None takes
+        the default one (set_concurrency's) as it is at reset()."""
+        if limiter is not None and not isinstance(limiter, Limiter):
+            raise TypeError(f"limiter must be a karotte.limiter.Limiter (Limiter(n): n "
+                            f"episodes at once), got {type(limiter).__name__}")
         self._flow = _Flow(env, seed, scan_limits, key, max_turns, max_seconds)
+        self._limiter = limiter
         self._sandbox: AsyncSandbox | None = None
-        self._slot: asyncio.Semaphore | None = None
+        self._slots: Slots | None = None  # held from reset() to close()
+
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args) in a thread of the limiter: the loop goes on with other episodes."""
+        return await asyncio.get_running_loop().run_in_executor(self._slots.executor, fn, *args)
 
     async def reset(self) -> str:
         flow = self._flow
         flow.begin_reset()
-        slot = _loop_slots().semaphore
-        await slot.acquire()
-        self._slot = slot
+        slots = (self._limiter or default_limiter()).slots()
+        await slots.semaphore.acquire()
+        self._slots = slots
         t = time.monotonic()
         try:
-            prompt, setup = await _in_thread(flow.prepare)
+            prompt, setup = await self._in_thread(flow.prepare)
             self._sandbox = await AsyncSandbox(flow.env.limits).start()
             if setup:
-                r = await self._sandbox.exec(setup[0], stdin=setup[1])
-                if r.exit_code != 0:
-                    raise KarotteError(f"placing the task's files failed: {r.stderr[-2000:]!r}")
+                flow.placed(await self._sandbox.exec(setup[0], stdin=setup[1]))
         except BaseException:
             await self.close()
             raise
         flow.started(t)
         return prompt
-
-    def _live(self) -> AsyncSandbox:
-        self._flow.live()
-        return self._sandbox
 
     async def exec(self, command: str, timeout: float | None = None) -> ToolResult:
         return await self._tool("bash", command, timeout=timeout)
@@ -675,19 +573,18 @@ class AsyncEpisode(_Facts):
         if flow.finished is not None:
             return flow.finished
         sb = self._live()
-        outcome = flow.out_of_time() or await _in_thread(
+        outcome = flow.out_of_time() or await self._in_thread(
             flow.finish, sb.kill_all_blocking, sb.workspace_fd, sb.close_blocking)
         await self.close()
         return outcome
 
     async def close(self) -> None:
-        self._flow.running = False
-        if self._sandbox is not None:
-            sb, self._sandbox = self._sandbox, None
+        sb = self._let_go()
+        if sb is not None:
             await sb.close()
-        if self._slot is not None:
-            slot, self._slot = self._slot, None
-            slot.release()
+        if self._slots is not None:
+            slots, self._slots = self._slots, None
+            slots.semaphore.release()
 
     async def __aenter__(self) -> "AsyncEpisode":
         return self

@@ -1,11 +1,11 @@
-"""The grader's side of grading: runs inside the grading sandbox, never in the trainer.
+"""What grade(ctx) sees: GradeContext, the records of its runs, the channel's framing.
 
-The host starts ``python3 -I`` in a fresh sandbox with this module, the environment's
-code, /hidden and /submission (the vetted copy of the agent's deliverables), all
-read-only, and fd 3: a private SOCK_SEQPACKET channel to the host. Programs the agent
-wrote never run in this process: ctx.run() asks the host to run them in a sandbox of
-their own, nested under the grader's cgroup, and the host measures them from outside.
-The reward goes back over fd 3, which nothing but this process holds.
+The grading process (karotte/grader_main.py) runs in a fresh sandbox with this module,
+the environment's code, /hidden and /submission (the vetted copy of the agent's
+deliverables), all read-only, and fd 3: a private SOCK_SEQPACKET channel to the host.
+Programs the agent wrote never run in that process: ctx.run() asks the host to run them
+in a sandbox of their own, nested under the grader's cgroup, and the host measures them
+from outside.
 
 Standard library only: this runs under the system Python with nothing installed.
 """
@@ -14,21 +14,18 @@ from __future__ import annotations
 import base64
 import json
 import math
-import numbers
 import os
 import posixpath
 import re
 import socket
 import statistics
-import sys
-import traceback
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Sequence
 
 from .results import ExecResult
+from .spec import MiB
 
-CHANNEL_FD = 3
 REPLY_SLACK = 256 * 1024  # a run reply's JSON and base64 around its output
 # Every message on the channel, both ways, goes as SEQPACKET records of at most CHUNK
 # bytes, the first byte of each saying whether more follow: one record cannot exceed the
@@ -39,7 +36,6 @@ REQUEST_LIMIT = 64 * 1024 * 1024  # at most this much in one request or report
 MORE, LAST = b"+", b"."
 SUBMISSION = Path("/submission")
 HIDDEN = Path("/hidden")
-MiB = 1024 * 1024
 
 
 class GraderError(Exception):
@@ -445,66 +441,3 @@ def _run_failure(r: ExecResult) -> str | None:
     if r.stdout_truncated:
         return "output over the limit"
     return None
-
-
-def _finish(channel: socket.socket, message: dict[str, Any]) -> None:
-    send_message(channel, json.dumps(message, allow_nan=True).encode())
-
-
-def preflight() -> None:
-    """python3 -I -S -c '...preflight()' TARGET: import the environment as main() does,
-    and print on stdout, as JSON, this Python's version and what failed, if anything:
-    the error, its message and the file and line of the author's code it points at."""
-    import platform
-
-    found: dict[str, Any] = {"python": platform.python_version()}
-    try:
-        from .environment import load
-
-        load(sys.argv[1])
-    except BaseException as exc:
-        found.update(error=type(exc).__name__, message=str(exc))
-        if isinstance(exc, SyntaxError):
-            found.update(message=exc.msg, file=exc.filename, line=exc.lineno)
-        else:
-            frames = [f for f in traceback.extract_tb(exc.__traceback__)
-                      if not f.filename.startswith("<frozen")]
-            found.update(file=frames[-1].filename, line=frames[-1].lineno)
-    print(json.dumps(found))
-
-
-def main() -> None:
-    """python3 -I -S -c '...main()' TARGET SEED: grade, and report over fd 3."""
-    target, seed = sys.argv[1], int(sys.argv[2])
-    channel = socket.socket(fileno=CHANNEL_FD)
-    os.set_inheritable(CHANNEL_FD, False)
-    try:
-        from .environment import Grade, load
-
-        result = load(target)().grade(GradeContext(seed, channel))
-        if isinstance(result, Grade):
-            reward, details = result.reward, dict(result.details)
-        else:
-            reward, details = result, {}
-        if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
-            _finish(channel, {"op": "invalid", "why": f"grade() returned {type(reward).__name__}, "
-                              "not a number"})
-            sys.exit(1)
-        json.dumps(details)  # must be plain data; raises otherwise
-        _finish(channel, {"op": "done", "reward": float(reward), "details": details})
-    except BaseException:
-        # Each line cut to its start: an exception's message can quote megabytes of the
-        # agent's output, and the line that names the exception must survive the cut.
-        lines = traceback.format_exc().splitlines(keepends=True)
-        report = "".join(line if len(line) <= 1000 else line[:1000] + "...\n" for line in lines)
-        _finish(channel, {"op": "crashed", "traceback": report[-8000:]})
-        # The host puts this traceback at the end of the grader's log; printed on stderr
-        # as well, it would be there twice. (Were the channel gone, _finish raises, and
-        # the interpreter prints both.)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    # The verdict is sent: skip the interpreter's finalisation (a few ms per episode).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

@@ -42,11 +42,13 @@ PYTHON = "/usr/bin/python3"
 # sys.path), no site module at all (-S: no .pth files anywhere), no bytecode writes (-B),
 # and only the private library copy on sys.path.
 BOOT = (f"import sys; sys.path[:0] = [{LIB_MOUNT!r}]; "
-        "from karotte.grader_runtime import main; main()")
+        "from karotte.grader_main import main; main()")
 PREFLIGHT = (f"import sys; sys.path[:0] = [{LIB_MOUNT!r}]; "
-             "from karotte.grader_runtime import preflight; preflight()")
+             "from karotte.grader_main import preflight; preflight()")
 PREFLIGHT_SECONDS = 60.0  # at most, for importing the environment's module
-RUNTIME_MODULES = ("__init__.py", "environment.py", "spec.py", "results.py", "grader_runtime.py")
+# What the grading process imports of Karotte, and nothing more (tests/test_grader_library.py)
+RUNTIME_MODULES = ("__init__.py", "environment.py", "spec.py", "results.py", "grader_runtime.py",
+                   "grader_main.py")
 GRADER_LOG_LIMIT = 64 * 1024
 GRADER_FAILURES = ("grader_crashed", "grader_timeout", "grader_out_of_memory", "invalid_reward",
                    "non_finite_reward")  # reasons that say the grader did not finish its job
@@ -95,10 +97,8 @@ def _copy_tree(src: Path, dst: Path) -> None:
 def grader_library(package: str) -> str:
     """A private copy of Karotte's grader runtime and of the environment's top-level
     package, made once per process: the grader imports from it, read-only."""
-    import karotte
-
     lib = Path(private_dir("lib"))
-    karotte_src = Path(karotte.__file__).parent
+    karotte_src = Path(__file__).parent
     (lib / "karotte").mkdir()
     for name in RUNTIME_MODULES:
         shutil.copyfile(karotte_src / name, lib / "karotte" / name)

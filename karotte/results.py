@@ -8,6 +8,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+# Why an episode ended, the closed set of Outcome.reason (listed for users in
+# docs/examples.md, "What an outcome's reason says"). All but "graded" score the bottom.
+REASONS = frozenset({
+    "graded",  # grade() returned a finite reward within the environment's reward_range
+    "gave_up",  # the agent called give_up()
+    "budget_exhausted",  # max_turns tool calls or max_seconds used up
+    "kill_unconfirmed",  # the agent's sandbox was not confirmed empty: nothing was read
+    "scanner_rejected_required_output",  # a violation at, in or on the way to a deliverable
+    "grader_crashed", "grader_timeout", "grader_out_of_memory",  # the grader did not report
+    "invalid_reward", "non_finite_reward", "reward_out_of_range",  # it reported no usable one
+    "infra_error",  # the infrastructure failed (Outcome.infra_error says how): not a score
+})
+
 
 @dataclass(frozen=True)
 class ExecResult:

@@ -7,6 +7,7 @@ import numbers
 import threading
 import time
 
+import psutil
 import pytest
 
 from conftest import child_inits, karotte_cgroups
@@ -18,6 +19,7 @@ from karotte import episode, grading, sandbox
 from karotte.environment import File
 from karotte.episode import AsyncEpisode, Episode, set_concurrency
 from karotte.errors import SandboxClosed
+from karotte.limiter import Limiter
 
 
 def play(env, seed, commands):
@@ -161,6 +163,56 @@ def test_async_episodes_share_one_event_loop_under_a_concurrency_limit(no_leaks)
     rewards, elapsed = asyncio.run(main())
     assert rewards == [1.0] * 12
     assert elapsed >= 3 * 0.3, "more than 4 episodes held a sandbox at once"
+
+
+def sandboxes() -> int:
+    """Sandboxes this process holds (the agent's, a grader's): its karotte-init children.
+    Not their children, which bear init's name from fork to exec."""
+    held = 0
+    for child in psutil.Process().children():
+        try:
+            held += child.name() == "karotte-init"
+        except psutil.NoSuchProcess:
+            pass
+    return held
+
+
+async def most_sandboxes_at_once(*episodes: AsyncEpisode) -> int:
+    """Plays each episode (reset, a 0.4 s command, finish) together, and returns the most
+    sandboxes this process held at once, sampled every 5 ms meanwhile."""
+    async def play_one(ep: AsyncEpisode) -> None:
+        async with ep:
+            await ep.reset()
+            await ep.exec("sleep 0.4")
+            await ep.finish()
+
+    seen = 0
+    games = asyncio.gather(*(play_one(ep) for ep in episodes))
+    while not games.done():
+        seen = max(seen, sandboxes())
+        await asyncio.sleep(0.005)
+    await games
+    return seen
+
+
+def test_async_episodes_sharing_a_limiter_of_one_never_hold_sandboxes_at_once(no_leaks):
+    one = Limiter(1)
+    episodes = [AsyncEpisode(Addition(), seed=seed, limiter=one) for seed in range(3)]
+    assert asyncio.run(most_sandboxes_at_once(*episodes)) == 1
+
+
+def test_a_limiter_given_to_some_episodes_leaves_the_default_to_the_others(no_leaks):
+    one = Limiter(1)
+    limited = [AsyncEpisode(Addition(), seed=seed, limiter=one) for seed in range(2)]
+    free = [AsyncEpisode(Addition(), seed=seed) for seed in range(2, 4)]
+    assert asyncio.run(most_sandboxes_at_once(*limited, *free)) == 3
+
+
+def test_a_limiter_that_is_not_a_limiter_is_refused():
+    with pytest.raises(TypeError, match="limiter must be a karotte.limiter.Limiter"):
+        AsyncEpisode(Addition(), limiter=asyncio.Semaphore(1))
+    with pytest.raises(ValueError, match="at least 1"):
+        Limiter(0)
 
 
 def test_large_grader_messages_both_ways_arrive_whole(no_leaks, monkeypatch):

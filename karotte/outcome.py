@@ -1,0 +1,93 @@
+"""The record of an episode: the Outcome, its Timings and its log of ExecRecords.
+
+REC-BOUND-01: every text an Outcome keeps has a size that the agent cannot grow, as
+bytes of its JSON form (results.capped). The log has one record per tool call, and the
+budget bounds the calls; the violations are bounded by the scan (docs/scan.md).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from .results import REASONS
+from .scan import Violation
+from .spec import KiB
+
+ARGUMENT_LOG_LIMIT = 4 * KiB  # of each logged command or path
+DETAILS_LIMIT = 64 * KiB  # of the grader's details, whole top-level entries
+GRADER_LOG_RECORD_LIMIT = 64 * KiB
+INFRA_ERROR_LIMIT = 4 * KiB
+
+
+@dataclass(frozen=True)
+class ExecRecord:
+    tool: str  # "bash", "read_file", "write_file", "give_up"
+    argument: str  # the command, or the path: cut to ARGUMENT_LOG_LIMIT bytes of JSON
+    exit_code: int | None  # None: not run (refused, or the budget was used up)
+    timed_out: bool
+    truncated: bool
+    wall_seconds: float
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Seconds per phase of the episode."""
+
+    reset: float = 0.0
+    agent: float = 0.0  # the tool calls together
+    kill: float = 0.0
+    scan: float = 0.0
+    grade: float = 0.0
+    total: float = 0.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an episode ended. Every field has a bound that does not depend on the agent
+    (REC-BOUND-01); to_dict() is the same as plain JSON data."""
+
+    env: str  # module:Class of the environment
+    seed: int  # the trainer's seed (never the one derived for the environment)
+    reward: float
+    reason: str  # one of REASONS: "graded", "gave_up", "budget_exhausted", ..., "infra_error"
+    violations: tuple[Violation, ...]  # those the scan holds (docs/scan.md)
+    violations_dropped: int  # found by the scan, over what it holds: counted only
+    infra_error: str | None  # set only when the infrastructure failed: mask, do not score
+    timings: Timings
+    log: tuple[ExecRecord, ...]  # one per tool call: max_turns, and the one it refused
+    details: Mapping[str, Any]  # from the grader: JSON data, top-level entries that fit
+    details_dropped: int  # top-level entries of the grader's details left out
+    grader_log: str
+
+    def __post_init__(self):
+        if self.reason not in REASONS:
+            raise ValueError(f"{self.reason!r} is not an outcome reason; Outcome.reason is one "
+                             f"of karotte.results.REASONS: {', '.join(sorted(REASONS))}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The outcome as plain data that json.dumps takes (a NaN in details is "NaN")."""
+        return {
+            "env": self.env, "seed": self.seed, "reward": self.reward, "reason": self.reason,
+            "violations": [asdict(v) for v in self.violations],
+            "violations_dropped": self.violations_dropped, "infra_error": self.infra_error,
+            "timings": asdict(self.timings), "log": [asdict(r) for r in self.log],
+            "details": dict(self.details), "details_dropped": self.details_dropped,
+            "grader_log": self.grader_log,
+        }
+
+
+def bounded_details(details: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+    """The grader's details as plain JSON data, its top-level entries in order as long as
+    they fit in DETAILS_LIMIT bytes of JSON, and how many did not fit."""
+    kept: dict[str, Any] = {}
+    size, dropped = 2, 0
+    for key, value in details.items():
+        text = json.dumps({str(key): value})
+        cost = len(text) - 2 + (2 if kept else 0)  # the entry, and ", " before it
+        if size + cost > DETAILS_LIMIT:
+            dropped += 1
+            continue
+        kept.update(json.loads(text, parse_constant=str))  # NaN, Infinity: as text
+        size += cost
+    return kept, dropped
