@@ -5,12 +5,22 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from karotte.errors import CgroupError
 
-if TYPE_CHECKING:  # _base imports this module: the pool holds Cgroups, never makes one
-    from ._base import Cgroup
+
+class Cgroup(Protocol):
+    """What the pool uses of a Cgroup (_base.Cgroup, which imports this module): it holds
+    cgroups, never makes one."""
+
+    paths: tuple[str, ...]
+    _pool_key: tuple | None
+
+    def _reusable(self) -> bool: ...
+    def _handoff(self) -> "Cgroup": ...
+    def _park(self) -> None: ...
+    def destroy(self) -> None: ...
 
 ENV_POOL = "KAROTTE_CGROUP_POOL"
 DEFAULT_POOL_SIZE = 16
