@@ -310,7 +310,7 @@ def _command_series(runs: int, log) -> list[dict]:
     child's rusage)."""
     lib = grading.grader_library(type(ENV).__module__.split(".")[0])
     imports = (f"import sys; sys.path[:0] = [{grading.LIB_MOUNT!r}]; "
-               "import karotte.grader_runtime, karotte.environment, bench_envs")
+               "import karotte.grader_main, bench_envs")
     grader_spec = replace(ENV.grader_limits, binds=ENV.grader_limits.binds
                           + (Bind(lib, grading.LIB_MOUNT),))
     python = [PYTHON, "-I", "-B"]

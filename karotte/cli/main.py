@@ -85,10 +85,10 @@ def parse_agent(text: str, source: str = "agent file") -> list[ToolCall]:
     return calls
 
 
-async def _play(env, seed: int, calls: Sequence[ToolCall] | None):
+async def _play(env, seed: int, calls: Sequence[ToolCall] | None, limiter=None):
     from ..episode import AsyncEpisode
 
-    async with AsyncEpisode(env, seed=seed) as ep:
+    async with AsyncEpisode(env, seed=seed, limiter=limiter) as ep:
         await ep.reset()
         plan = calls if calls is not None else [ToolCall("bash", {"command": c})
                                                  for c in ep.reference_solution()]
@@ -119,7 +119,7 @@ def unplayed_json(target: str, seed: int, why: str) -> dict:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .. import lifecycle
-    from ..episode import set_concurrency
+    from ..limiter import Limiter
 
     calls = None
     if args.agent:
@@ -139,6 +139,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     progress = sys.stderr.isatty() and not args.json
     records: list[dict] = []
     stopped: list[int] = []  # the signal that ended the run
+    limiter = Limiter(args.concurrency)  # this run's own: the process-wide default stays
 
     def stop(signum: int) -> None:
         if not stopped:
@@ -152,7 +153,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if stopped:
                 return None
             try:
-                return outcome_json(args.env, seed, await _play(env, seed, calls))
+                return outcome_json(args.env, seed, await _play(env, seed, calls, limiter))
             except Exception as exc:  # the episode could not even start: the infrastructure's
                 return unplayed_json(args.env, seed, f"{type(exc).__name__}: {exc}")
 
@@ -160,7 +161,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in lifecycle.SIGNALS:
             loop.add_signal_handler(sig, stop, sig)
-        set_concurrency(args.concurrency)
         gate = asyncio.Semaphore(args.concurrency)
         for done in asyncio.as_completed([one(seed, gate) for seed in seeds]):
             record = await done
