@@ -21,6 +21,15 @@ REASONS = frozenset({
     "infra_error",  # the infrastructure failed (Outcome.infra_error says how): not a score
 })
 
+# What the custody scan rejected, the closed set of Violation.kind (karotte/scan.py
+# finds them; docs/scan.md lists them for users).
+VIOLATION_KINDS = frozenset({
+    "symlink", "fifo", "socket", "block-device", "char-device", "unknown-type",
+    "hardlink", "setuid", "setgid", "sticky", "sparse", "file-too-large",
+    "total-too-large", "too-many-entries", "too-deep", "name-too-long", "paths-too-long",
+    "scan-timeout", "unreadable", "changed-during-scan", "invalid-name",
+})
+
 
 @dataclass(frozen=True)
 class ExecResult:
@@ -69,3 +78,39 @@ def capped(text: str, limit: int) -> str:
         else:
             hi = mid - 1
     return text[:lo] + note
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One rejected entry or one budget that stopped the walk."""
+
+    path: str  # relative to the workspace root, escaped (see escape); "." is the root
+    kind: str  # one of VIOLATION_KINDS
+    rule: str  # the invariant, e.g. "D4 budget: max_file_size=67108864"
+    detail: str = ""
+
+    def __post_init__(self):
+        if self.kind not in VIOLATION_KINDS:
+            raise ValueError(f"Violation kind {self.kind!r} is not one of VIOLATION_KINDS")
+
+
+@dataclass(frozen=True)
+class ScannedFile:
+    """A regular file that passed and was copied."""
+
+    path: str  # relative, escaped
+    raw: bytes  # relative, the exact bytes of the names joined by b"/"
+    size: int  # bytes copied (the st_size that was checked)
+    mode: int  # the copy's permission bits: 0o644, or 0o755 if the agent set any x bit
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    files: tuple[ScannedFile, ...]  # accepted regular files, in walk order
+    dirs: tuple[str, ...]  # accepted directories (escaped), in walk order
+    # in walk order: every one at a deliverable or on the way to one, and the first
+    # VIOLATIONS_KEPT inside deliverable directories and elsewhere
+    violations: tuple[Violation, ...]
+    complete: bool  # False if a budget (depth, entries, size, paths, time) cut the walk short
+    seconds: float
+    violations_dropped: int = 0  # found, but over VIOLATIONS_KEPT: counted, not held

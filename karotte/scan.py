@@ -35,11 +35,10 @@ import os
 import re
 import stat
 import time
-from dataclasses import dataclass
 from typing import AnyStr, Sequence
 
 from .errors import KarotteError
-from .results import capped
+from .results import VIOLATION_KINDS, ScannedFile, ScanResult, Violation, capped
 from .spec import KiB, MiB, ScanLimits
 
 __all__ = [
@@ -86,49 +85,9 @@ _SPECIAL_KINDS = {
     stat.S_IFCHR: ("char-device", "character device not allowed"),
 }
 
-VIOLATION_KINDS = frozenset({
-    "symlink", "fifo", "socket", "block-device", "char-device", "unknown-type",
-    "hardlink", "setuid", "setgid", "sticky", "sparse", "file-too-large",
-    "total-too-large", "too-many-entries", "too-deep", "name-too-long", "paths-too-long",
-    "scan-timeout", "unreadable", "changed-during-scan", "invalid-name",
-})
-
-
 class ScanError(KarotteError):
     """The scan could not run: a bad workspace fd or dest_dir, or a host-side failure
     while writing the copy. Never caused by what the agent left in its workspace."""
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One rejected entry or one budget that stopped the walk."""
-
-    path: str  # relative to the workspace root, escaped (see escape); "." is the root
-    kind: str  # one of VIOLATION_KINDS
-    rule: str  # the invariant, e.g. "D4 budget: max_file_size=67108864"
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class ScannedFile:
-    """A regular file that passed and was copied."""
-
-    path: str  # relative, escaped
-    raw: bytes  # relative, the exact bytes of the names joined by b"/"
-    size: int  # bytes copied (the st_size that was checked)
-    mode: int  # the copy's permission bits: 0o644, or 0o755 if the agent set any x bit
-
-
-@dataclass(frozen=True)
-class ScanResult:
-    files: tuple[ScannedFile, ...]  # accepted regular files, in walk order
-    dirs: tuple[str, ...]  # accepted directories (escaped), in walk order
-    # in walk order: every one at a deliverable or on the way to one, and the first
-    # VIOLATIONS_KEPT inside deliverable directories and elsewhere
-    violations: tuple[Violation, ...]
-    complete: bool  # False if a budget (depth, entries, size, paths, time) cut the walk short
-    seconds: float
-    violations_dropped: int = 0  # found, but over VIOLATIONS_KEPT: counted, not held
 
 
 def relation(path: AnyStr, deliverable: AnyStr) -> str | None:

@@ -30,7 +30,7 @@ from envs.pipeline import file_times
 from karotte import scan
 from karotte.sandbox import Sandbox
 from karotte.scan import (COPY_TIME, VIOLATION_KINDS, ScanError, ScanLimits, ScanResult, escape,
-                          scan_and_copy)
+                          Violation, scan_and_copy)
 from karotte.spec import GiB, MiB, SandboxSpec
 
 HOST_UID = os.geteuid()
@@ -947,3 +947,11 @@ def test_scan_limits_reject_nonsense():
                 {"max_name_length": True}):
         with pytest.raises(ValueError, match="ScanLimits"):
             ScanLimits(**bad)
+
+
+def test_a_violation_of_a_kind_outside_the_closed_set_is_refused_where_it_is_made():
+    # Trainers count violations by kind: a new kind must be added to VIOLATION_KINDS (and
+    # to docs/scan.md), not appear unannounced.
+    with pytest.raises(ValueError, match="VIOLATION_KINDS"):
+        Violation("a", "symlinc", scan.RULE_TYPES)
+    assert all(Violation("a", kind, scan.RULE_TYPES).kind == kind for kind in VIOLATION_KINDS)
