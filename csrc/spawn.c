@@ -138,7 +138,7 @@ static int thawed(const char *state_file)
 static void *spawn_thread(void *arg)
 {
     struct spawn_job *job = arg;
-    job->step = KAROTTE_STEP_CGROUP;
+    job->step = KS_SPAWN_CGROUP;
     if (job->freezer_state && (job->result = thawed(job->freezer_state)) < 0)
         return NULL;
     for (const char *const *t = job->tasks; t && *t; t++) {
@@ -153,7 +153,7 @@ static void *spawn_thread(void *arg)
     }
     if (job->owner_uid >= 0) {
         long fsuid = syscall(SYS_setfsuid, -1L), fsgid = syscall(SYS_setfsgid, -1L);
-        job->step = KAROTTE_STEP_OWNER;
+        job->step = KS_SPAWN_OWNER;
         if (syscall(SYS_setresgid, -1L, (long)job->owner_gid, -1L) < 0 ||
             syscall(SYS_setresuid, -1L, (long)job->owner_uid, -1L) < 0) {
             job->result = -errno;
@@ -162,7 +162,7 @@ static void *spawn_thread(void *arg)
         syscall(SYS_setfsuid, fsuid);
         syscall(SYS_setfsgid, fsgid);
     }
-    job->step = KAROTTE_STEP_CLONE;
+    job->step = KS_SPAWN_CLONE3;
     job->result = clone3_child_exec(&job->ca, job->child_fd, job->path, job->argv, job->envp);
     return NULL;
 }
@@ -207,7 +207,7 @@ int karotte_spawn(const char *path, char *const argv[], char *const envp[],
     pthread_sigmask(SIG_SETMASK, &all, &old);
     /* The default stack: it is only reserved, and glibc places static TLS in it, which
      * a preloaded library can make large. */
-    *step_out = KAROTTE_STEP_THREAD;
+    *step_out = KS_SPAWN_THREAD;
     err = pthread_create(&thread, NULL, spawn_thread, &job);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (err)

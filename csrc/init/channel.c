@@ -58,7 +58,7 @@ int out_send(struct out *o, int fd_to_pass)
     return n < 0 ? -1 : 0;
 }
 
-void send_error(uint32_t type, uint32_t id, int err, const char *fmt, ...)
+void send_error(uint32_t type, uint32_t id, uint32_t step, int err, const char *fmt, ...)
 {
     struct out o;
     char what[1024];
@@ -67,13 +67,15 @@ void send_error(uint32_t type, uint32_t id, int err, const char *fmt, ...)
     vsnprintf(what, sizeof(what), fmt, ap);
     va_end(ap);
     out_init(&o, type, id);
+    out_u32(&o, KT_STEP, step);
     out_u32(&o, KT_ERRNO, (uint32_t)err);
     out_rec(&o, KT_WHAT, what, (uint32_t)strlen(what) + 1);
     out_send(&o, -1);
 }
 
-/* Setup failed: say which step and why, then exit. Nothing has run as the agent. */
-void __attribute__((noreturn)) setup_fail(const char *fmt, ...)
+/* Setup failed: say which step (a KS_* code, and in words) and why, then exit.
+ * Nothing has run as the agent. */
+void __attribute__((noreturn)) setup_fail(uint32_t step, const char *fmt, ...)
 {
     int err = errno;
     char what[1024];
@@ -81,13 +83,13 @@ void __attribute__((noreturn)) setup_fail(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(what, sizeof(what), fmt, ap);
     va_end(ap);
-    send_error(KP_SETUP_ERR, 0, err, "%s", what);
+    send_error(KP_SETUP_ERR, 0, step, err, "%s", what);
     _exit(1);
 }
 
 /* Iterate the records of a message. Returns 0 at the end, -1 on a malformed record. */
 int next_record(const char **pos, const char *end, uint32_t *tag, const char **data,
-                       uint32_t *len)
+                uint32_t *len)
 {
     struct kp_record r;
     if (*pos == end)

@@ -23,28 +23,28 @@
 #endif
 
 #define CTL_FD 3
-#define STAGING "/tmp"     /* where the staging tmpfs is mounted first; see apply_config */
+#define STAGING "/tmp"     /* where the staging tmpfs is mounted first; see enter_staging */
 #define NEWROOT "/newroot" /* the sandbox's root while it is built, inside the staging root */
 #define OLDROOT "/oldroot" /* the host's tree while the sandbox's root is built */
 #define MAX_EXECS 64
 #define MAX_RLIMITS 16
 #define MAX_FDS 8 /* stdin, stdout, stderr and up to 5 more for the command (3, 4, ...) */
 
-struct rlimit_rec {
-    uint32_t resource;
-    uint32_t pad;
-    uint64_t cur;
-    uint64_t max;
-};
-
 struct config {
     uint32_t agent_uid, agent_gid, nested;
     const char *hostname;
     const struct sock_filter *filter;
     unsigned short filter_len;
-    struct rlimit_rec rlimits[MAX_RLIMITS];
+    struct kp_rlimit rlimits[MAX_RLIMITS];
     int n_rlimits;
     int loopback;
+};
+
+/* What an exec's child writes to its errpipe when it fails before execve. */
+struct exec_failure {
+    int err;
+    uint32_t step; /* enum kp_step */
+    char what[252];
 };
 
 extern struct config cfg;
@@ -60,8 +60,8 @@ void out_init(struct out *o, uint32_t type, uint32_t id);
 void out_rec(struct out *o, uint32_t tag, const void *data, uint32_t len);
 void out_u32(struct out *o, uint32_t tag, uint32_t v);
 int out_send(struct out *o, int fd_to_pass);
-void send_error(uint32_t type, uint32_t id, int err, const char *fmt, ...);
-void __attribute__((noreturn)) setup_fail(const char *fmt, ...);
+void send_error(uint32_t type, uint32_t id, uint32_t step, int err, const char *fmt, ...);
+void __attribute__((noreturn)) setup_fail(uint32_t step, const char *fmt, ...);
 int next_record(const char **pos, const char *end, uint32_t *tag, const char **data,
                 uint32_t *len);
 ssize_t recv_msg(int *fds, int *nfds);

@@ -18,7 +18,7 @@ static void set_sysctl(const char *path, const char *value)
 {
     int fd = open(path, O_WRONLY | O_CLOEXEC);
     if (fd < 0 || write(fd, value, strlen(value)) != (ssize_t)strlen(value))
-        setup_fail("set %s to %s", path, value);
+        setup_fail(KS_SYSCTL, "set %s to %s", path, value);
     close(fd);
 }
 
@@ -52,9 +52,9 @@ static void apply_config(const char *msg, size_t len)
             cfg.filter_len = (unsigned short)(rlen / sizeof(struct sock_filter));
             break;
         case KT_RLIMIT:
-            if (rlen != sizeof(struct rlimit_rec) || cfg.n_rlimits >= MAX_RLIMITS)
+            if (rlen != sizeof(struct kp_rlimit) || cfg.n_rlimits >= MAX_RLIMITS)
                 goto bad;
-            memcpy(&cfg.rlimits[cfg.n_rlimits++], data, sizeof(struct rlimit_rec));
+            memcpy(&cfg.rlimits[cfg.n_rlimits++], data, sizeof(struct kp_rlimit));
             break;
         case KT_LOOPBACK:
             cfg.loopback = 1;
@@ -86,7 +86,7 @@ static void apply_config(const char *msg, size_t len)
     return;
 bad:
     errno = EPROTO;
-    setup_fail("malformed config record %u", tag);
+    setup_fail(KS_CONFIG_RECORD, "malformed config record %u", tag);
 }
 
 int main(void)
@@ -118,18 +118,18 @@ int main(void)
     memcpy(&h, msgbuf, sizeof(h));
     if ((size_t)n < sizeof(h) || h.type != KP_CONFIG) {
         errno = EPROTO;
-        setup_fail("first message is not a config");
+        setup_fail(KS_CONFIG_MESSAGE, "first message is not a config");
     }
     /* On cgroup v1 the host moved us into our cgroup after clone3 made our cgroup
      * namespace; re-root it at the sandbox's own cgroup so nothing above shows. */
     if (unshare(CLONE_NEWCGROUP) < 0)
-        setup_fail("unshare the cgroup namespace");
+        setup_fail(KS_CGROUP_NAMESPACE, "unshare the cgroup namespace");
     /* Copy the config out of msgbuf: it is reused for requests. */
     static char config[KP_MAX_MSG] __attribute__((aligned(8)));
     memcpy(config, msgbuf, (size_t)n);
     apply_config(config, (size_t)n);
     if (!cfg.nested && setgroups(0, NULL) < 0)
-        setup_fail("drop supplementary groups");
+        setup_fail(KS_SETGROUPS, "drop supplementary groups");
     enter_root();
     /* inotify instances and watches are counted per user and, on the host, against the
      * user namespace's creator: cap what this sandbox can take from that shared pool.
@@ -137,7 +137,7 @@ int main(void)
     set_sysctl("/proc/sys/user/max_inotify_instances", "32");
     set_sysctl("/proc/sys/user/max_inotify_watches", "16384");
     if (cfg.hostname && sethostname(cfg.hostname, strlen(cfg.hostname)) < 0)
-        setup_fail("sethostname");
+        setup_fail(KS_HOSTNAME, "sethostname");
     if (cfg.loopback)
         bring_up_loopback();
     if (cfg.filter_len) {
@@ -146,10 +146,10 @@ int main(void)
         uint32_t actions[] = {SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_ERRNO, SECCOMP_RET_ALLOW};
         for (size_t i = 0; i < sizeof(actions) / sizeof(actions[0]); i++)
             if (syscall(SYS_seccomp, SECCOMP_GET_ACTION_AVAIL, 0, &actions[i]) < 0)
-                setup_fail("seccomp filter support (action 0x%x)", actions[i]);
+                setup_fail(KS_SECCOMP_SUPPORT, "seccomp filter support (action 0x%x)", actions[i]);
     }
     if (setsid() < 0)
-        setup_fail("setsid");
+        setup_fail(KS_SETSID, "setsid");
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* setresuid above reset it */
     if (!cfg.nested) {
         /* The agent's bounding set and filter, once: every command inherits both
@@ -157,14 +157,14 @@ int main(void)
          * nested mode agent_child does both itself. */
         drop_bounding_set();
         if (cfg.filter_len && load_filter() < 0)
-            setup_fail("load seccomp filter");
+            setup_fail(KS_SECCOMP_LOAD, "load seccomp filter");
     }
 
     /* Hand the host a directory fd of the workspace: it keeps the tmpfs reachable
      * for the scanner after every process inside is gone. */
     int ws = open("/workspace", O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
     if (ws < 0)
-        setup_fail("open /workspace");
+        setup_fail(KS_WORKSPACE, "open /workspace");
     struct out o;
     out_init(&o, KP_READY, 0);
     if (out_send(&o, ws) < 0)

@@ -15,19 +15,19 @@ static void write_file(const char *path, const char *data, size_t len, mode_t mo
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
     if (fd < 0)
-        setup_fail("create %s", path);
+        setup_fail(KS_FILE, "create %s", path);
     while (len > 0) {
         ssize_t n = write(fd, data, len);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
-            setup_fail("write %s", path);
+            setup_fail(KS_FILE, "write %s", path);
         }
         data += n;
         len -= (size_t)n;
     }
     if (fchmod(fd, mode) < 0)
-        setup_fail("chmod %s", path);
+        setup_fail(KS_FILE, "chmod %s", path);
     close(fd);
 }
 
@@ -37,23 +37,23 @@ static void make_dirs(const char *dst, mode_t mode)
     char path[4096];
     if (snprintf(path, sizeof(path), "%s%s", NEWROOT, dst) >= (int)sizeof(path)) {
         errno = ENAMETOOLONG;
-        setup_fail("path %s", dst);
+        setup_fail(KS_MKDIR, "path %s", dst);
     }
     /* Usually the parent exists (the plan goes top-down): one mkdir. */
     if (mkdir(path, mode) == 0 || errno == EEXIST)
         return;
     if (errno != ENOENT)
-        setup_fail("mkdir %s", dst);
+        setup_fail(KS_MKDIR, "mkdir %s", dst);
     for (char *p = path + strlen(NEWROOT) + 1; *p; p++) {
         if (*p != '/')
             continue;
         *p = '\0';
         if (mkdir(path, 0755) < 0 && errno != EEXIST)
-            setup_fail("mkdir %s", path + strlen(NEWROOT));
+            setup_fail(KS_MKDIR, "mkdir %s", path + strlen(NEWROOT));
         *p = '/';
     }
     if (mkdir(path, mode) < 0 && errno != EEXIST)
-        setup_fail("mkdir %s", dst);
+        setup_fail(KS_MKDIR, "mkdir %s", dst);
 }
 
 static void make_parent_dirs(const char *dst)
@@ -76,7 +76,7 @@ static void set_mount_attrs(const char *path, uint64_t attrs, int recursive)
     a.attr_set = attrs;
     a.propagation = MS_PRIVATE;
     if (syscall(SYS_mount_setattr, AT_FDCWD, path, recursive ? AT_RECURSIVE : 0, &a, sizeof(a)) < 0)
-        setup_fail("mount_setattr %s", path);
+        setup_fail(KS_MOUNT_SETATTR, "mount_setattr %s", path);
 }
 
 void do_mount(const struct kp_mount *m, const char *src, const char *dst, uint32_t srclen)
@@ -91,10 +91,10 @@ void do_mount(const struct kp_mount *m, const char *src, const char *dst, uint32
         char source[4096];
         if (snprintf(source, sizeof(source), "%s%s", OLDROOT, src) >= (int)sizeof(source)) {
             errno = ENAMETOOLONG;
-            setup_fail("bind source %s", src);
+            setup_fail(KS_BIND_SOURCE, "bind source %s", src);
         }
         if (stat(source, &st) < 0)
-            setup_fail("bind source %s", src);
+            setup_fail(KS_BIND_SOURCE, "bind source %s", src);
         struct stat existing;
         if (S_ISDIR(st.st_mode)) {
             make_dirs(dst, 0755);
@@ -104,11 +104,11 @@ void do_mount(const struct kp_mount *m, const char *src, const char *dst, uint32
             make_parent_dirs(dst);
             int fd = open(target, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
             if (fd < 0)
-                setup_fail("bind target %s", dst);
+                setup_fail(KS_BIND_TARGET, "bind target %s", dst);
             close(fd);
         }
         if (mount(source, target, NULL, MS_BIND | MS_REC, NULL) < 0)
-            setup_fail("bind %s -> %s", src, dst);
+            setup_fail(KS_BIND, "bind %s -> %s", src, dst);
         uint64_t attrs = MOUNT_ATTR_NOSUID;
         /* Device nodes need device access on their own bind; every other mount is nodev
          * so a device node that appears anywhere else cannot be opened. */
@@ -125,12 +125,12 @@ void do_mount(const struct kp_mount *m, const char *src, const char *dst, uint32
                  (unsigned long long)m->size, (unsigned long long)m->inodes, m->mode, m->uid,
                  m->gid);
         if (mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0)
-            setup_fail("tmpfs %s (%s)", dst, opts);
+            setup_fail(KS_TMPFS, "tmpfs %s (%s)", dst, opts);
         return;
     case KM_PROC:
         make_dirs(dst, 0555);
         if (mount("proc", target, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
-            setup_fail("mount proc at %s", dst);
+            setup_fail(KS_MOUNT_PROC, "mount proc at %s", dst);
         return;
     case KM_DEVPTS: {
         char ptmx[4200];
@@ -140,24 +140,24 @@ void do_mount(const struct kp_mount *m, const char *src, const char *dst, uint32
                    * one host-wide pool (kernel.pty.max less the reserve) and one agent
                    * could take every pty of every other sandbox and container. */
                   "newinstance,ptmxmode=0666,mode=0620,max=64") < 0)
-            setup_fail("mount devpts at %s", dst);
+            setup_fail(KS_MOUNT_DEVPTS, "mount devpts at %s", dst);
         snprintf(ptmx, sizeof(ptmx), "%s/dev/ptmx", NEWROOT);
         unlink(ptmx);
         if (symlink("pts/ptmx", ptmx) < 0)
-            setup_fail("symlink /dev/ptmx");
+            setup_fail(KS_PTMX, "symlink /dev/ptmx");
         return;
     }
     case KM_SYMLINK:
         make_parent_dirs(dst);
         if (symlink(src, target) < 0 && errno != EEXIST)
-            setup_fail("symlink %s -> %s", dst, src);
+            setup_fail(KS_SYMLINK, "symlink %s -> %s", dst, src);
         return;
     case KM_DIR:
         make_dirs(dst, m->mode);
         if (chown(target, m->uid, m->gid) < 0)
-            setup_fail("chown %s", dst);
+            setup_fail(KS_DIR, "chown %s", dst);
         if (chmod(target, m->mode) < 0)
-            setup_fail("chmod %s", dst);
+            setup_fail(KS_DIR, "chmod %s", dst);
         return;
     case KM_FILE:
         make_parent_dirs(dst);
@@ -165,7 +165,7 @@ void do_mount(const struct kp_mount *m, const char *src, const char *dst, uint32
         return;
     }
     errno = EINVAL;
-    setup_fail("unknown mount op %u", m->op);
+    setup_fail(KS_MOUNT_OP, "unknown mount op %u", m->op);
 }
 
 /* Our mount namespace made private, and a staging root to build the sandbox's in. */
@@ -174,21 +174,21 @@ void enter_staging(void)
     /* Every mount below happens in our own mount namespace; make it private first
      * so nothing we do propagates back to the host's mounts. */
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-        setup_fail("make / private");
+        setup_fail(KS_MOUNT_PRIVATE, "make / private");
     /* A staging tmpfs becomes the root, with the host's tree moved to /oldroot, so
      * bind sources are reachable under /oldroot whatever their path (had we mounted
      * the new root over a host directory, that directory could not be bound). The
      * sandbox's real root is another tmpfs at /newroot inside it. */
     if (mount("tmpfs", STAGING, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,nr_inodes=16,mode=0755") < 0)
-        setup_fail("staging tmpfs");
+        setup_fail(KS_STAGING_TMPFS, "staging tmpfs");
     if (chdir(STAGING) < 0 || mkdir("." NEWROOT, 0755) < 0 || mkdir("." OLDROOT, 0755) < 0)
-        setup_fail("staging directories");
+        setup_fail(KS_STAGING_DIRS, "staging directories");
     if (syscall(SYS_pivot_root, ".", "." OLDROOT) < 0)
-        setup_fail("pivot_root into the staging tmpfs");
+        setup_fail(KS_STAGING_PIVOT, "pivot_root into the staging tmpfs");
     if (chdir("/") < 0)
-        setup_fail("chdir /");
+        setup_fail(KS_CHDIR_ROOT, "chdir /");
     if (mount("tmpfs", NEWROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,nr_inodes=4096,mode=0755") < 0)
-        setup_fail("tmpfs for the new root");
+        setup_fail(KS_NEWROOT_TMPFS, "tmpfs for the new root");
 }
 
 void enter_root(void)
@@ -197,15 +197,15 @@ void enter_root(void)
      * stacks the staging root under it and the detach drops that too. chdir("/")
      * after it closes the classic escape through a cwd left in an old root. */
     if (umount2(OLDROOT, MNT_DETACH) < 0)
-        setup_fail("detach the host's tree");
+        setup_fail(KS_DETACH_HOST, "detach the host's tree");
     if (chdir(NEWROOT) < 0)
-        setup_fail("chdir new root");
+        setup_fail(KS_CHDIR_NEWROOT, "chdir new root");
     if (syscall(SYS_pivot_root, ".", ".") < 0)
-        setup_fail("pivot_root");
+        setup_fail(KS_PIVOT_ROOT, "pivot_root");
     if (umount2(".", MNT_DETACH) < 0)
-        setup_fail("detach the staging root");
+        setup_fail(KS_DETACH_STAGING, "detach the staging root");
     if (chdir("/") < 0)
-        setup_fail("chdir /");
+        setup_fail(KS_CHDIR_ROOT, "chdir /");
     /* The root directory itself is read-only; writable places are their own mounts. */
     set_mount_attrs("/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0);
 }

@@ -12,12 +12,12 @@ void bring_up_loopback(void)
     struct ifreq ifr = {0};
     int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (s < 0)
-        setup_fail("socket for loopback");
+        setup_fail(KS_LOOPBACK, "socket for loopback");
     snprintf(ifr.ifr_name, IFNAMSIZ, "lo");
     if (ioctl(s, SIOCGIFFLAGS, &ifr) < 0)
-        setup_fail("get lo flags");
+        setup_fail(KS_LOOPBACK, "get lo flags");
     ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
     if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
-        setup_fail("bring lo up");
+        setup_fail(KS_LOOPBACK, "bring lo up");
     close(s);
 }

@@ -16,7 +16,7 @@
 struct running {
     uint32_t id;
     pid_t pid;
-    int errpipe; /* read end: holds (errno, step) if the child failed before exec */
+    int errpipe; /* read end: holds a struct exec_failure if the child failed before exec */
 };
 
 static struct running running[MAX_EXECS];
@@ -52,7 +52,7 @@ static void handle_exec(uint32_t id, const char *msg, size_t len, int *fds, int 
             break;
         }
     if (slot < 0) {
-        send_error(KP_EXEC_ERR, id, EAGAIN, "too many execs at once");
+        send_error(KP_EXEC_ERR, id, KS_EXEC_SLOTS, EAGAIN, "too many execs at once");
         goto out;
     }
     while ((r = next_record(&pos, end, &tag, &data, &rlen)) > 0) {
@@ -66,7 +66,7 @@ static void handle_exec(uint32_t id, const char *msg, size_t len, int *fds, int 
             tty = 1;
     }
     if (r < 0 || !argv || !argv[0] || !envp || (tty ? nfds != 0 : nfds < 3)) {
-        send_error(KP_EXEC_ERR, id, EPROTO, "malformed exec request");
+        send_error(KP_EXEC_ERR, id, KS_EXEC_REQUEST, EPROTO, "malformed exec request");
         goto out;
     }
     if (tty) {
@@ -75,24 +75,24 @@ static void handle_exec(uint32_t id, const char *msg, size_t len, int *fds, int 
         int unlock = 0;
         master = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
         if (master < 0 || ioctl(master, TIOCSPTLCK, &unlock) < 0) {
-            send_error(KP_EXEC_ERR, id, errno, "open a pty");
+            send_error(KP_EXEC_ERR, id, KS_PTY, errno, "open a pty");
             goto out;
         }
         int slave = ioctl(master, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
         if (slave < 0) {
-            send_error(KP_EXEC_ERR, id, errno, "open the pty's terminal");
+            send_error(KP_EXEC_ERR, id, KS_PTY, errno, "open the pty's terminal");
             goto out;
         }
         fds[0] = slave;
         nfds = 1; /* the child puts it at 0, 1 and 2 */
     }
     if (pipe2(errpipe, O_CLOEXEC) < 0) {
-        send_error(KP_EXEC_ERR, id, errno, "pipe");
+        send_error(KP_EXEC_ERR, id, KS_PIPE, errno, "pipe");
         goto out;
     }
     pid_t pid = fork();
     if (pid < 0) {
-        send_error(KP_EXEC_ERR, id, errno, "fork (the sandbox's pids limit may be reached)");
+        send_error(KP_EXEC_ERR, id, KS_FORK, errno, "fork (the sandbox's pids limit may be reached)");
         goto out;
     }
     if (pid == 0) {
@@ -169,18 +169,16 @@ static void reap(void)
         for (int i = 0; i < MAX_EXECS; i++) {
             if (running[i].pid != pid)
                 continue;
-            char rec[256];
-            ssize_t n = read(running[i].errpipe, rec, sizeof(rec) - 1);
+            struct exec_failure f;
+            ssize_t n = read(running[i].errpipe, &f, sizeof(f) - 1);
             close(running[i].errpipe);
             running[i].pid = 0;
-            if (n >= (ssize_t)sizeof(int)) {
-                int err;
-                memcpy(&err, rec, sizeof(err));
-                rec[n] = '\0';
-                send_error(KP_EXEC_ERR, running[i].id, err, "%s", rec + sizeof(err));
+            if (n >= (ssize_t)offsetof(struct exec_failure, what)) {
+                ((char *)&f)[n] = '\0';
+                send_error(KP_EXEC_ERR, running[i].id, f.step, f.err, "%s", f.what);
                 break;
             }
-            uint64_t usage[3] = {
+            struct kp_rusage usage = {
                 (uint64_t)ru.ru_utime.tv_sec * 1000000u + (uint64_t)ru.ru_utime.tv_usec,
                 (uint64_t)ru.ru_stime.tv_sec * 1000000u + (uint64_t)ru.ru_stime.tv_usec,
                 (uint64_t)ru.ru_maxrss,
@@ -188,7 +186,7 @@ static void reap(void)
             struct out o;
             out_init(&o, KP_EXITED, running[i].id);
             out_u32(&o, KT_WAIT_STATUS, (uint32_t)status);
-            out_rec(&o, KT_RUSAGE, usage, sizeof(usage));
+            out_rec(&o, KT_RUSAGE, &usage, sizeof(usage));
             out_send(&o, -1);
             break;
         }
@@ -203,7 +201,7 @@ void serve(void)
     sigaddset(&chld, SIGCHLD);
     int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
     if (sfd < 0)
-        setup_fail("signalfd");
+        setup_fail(KS_SIGNALFD, "signalfd");
     for (;;) {
         struct pollfd p[2] = {{CTL_FD, POLLIN, 0}, {sfd, POLLIN, 0}};
         if (poll(p, 2, -1) < 0) {
@@ -223,7 +221,7 @@ void serve(void)
             if (n == 0 || (n < 0 && errno != EMSGSIZE && errno != EAGAIN))
                 _exit(0); /* host gone: our exit takes every process inside with it */
             if (n < 0) {
-                send_error(KP_EXEC_ERR, 0, EMSGSIZE, "request too large");
+                send_error(KP_EXEC_ERR, 0, KS_EXEC_REQUEST, EMSGSIZE, "request too large");
                 continue;
             }
             if ((size_t)n < sizeof(struct kp_header)) {
