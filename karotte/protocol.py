@@ -36,6 +36,7 @@ M_BIND, M_TMPFS, M_PROC, M_DEVPTS, M_SYMLINK, M_DIR, M_FILE = (
 MF_RDONLY, MF_DEV = h.KMF_RDONLY, h.KMF_DEV
 
 # Where a start or an exec failed (enum kp_step), by name: KS_MOUNT_PROC is "mount-proc".
+# karotte/steps.py says what each means.
 STEPS: dict[int, str] = {code: name[len("KS_"):].lower().replace("_", "-")
                          for code, name in h.STEP_NAMES.items()}
 

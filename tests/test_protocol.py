@@ -1,5 +1,6 @@
 """The wire format: karotte/protocol.py agrees with csrc/protocol.h as the C compiler reads it,
-and a failure names its step."""
+every step code karotte-init can send has its row in karotte/steps.py, and a failure names
+its step."""
 from __future__ import annotations
 
 import errno
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from karotte import protocol
+from karotte import protocol, steps
+from karotte.protections import PROTECTIONS
 from karotte.sandbox import Sandbox
 from karotte.spec import Bind, SandboxSpec
 
@@ -74,6 +76,18 @@ def test_every_struct_is_packed_with_the_compilers_layout(compiled):
         packed = [(struct.calcsize(layout.format[:i]), struct.calcsize("=" + layout.format[i]))
                   for i in range(1, len(layout.format))]  # (offset, size) of each field
         assert packed == [compiled[f"{name}.{f}"] for f in STRUCTS[name]], name
+
+
+def test_every_step_has_a_row_that_names_lines_of_check():
+    assert set(steps.STEPS) == set(protocol.STEPS.values())
+    for name, row in steps.STEPS.items():
+        assert set(row.protections) <= set(PROTECTIONS), name
+        assert row.fix == (steps.fix(row.protections[0]) if row.protections else None), name
+    assert steps.step(None) == steps.step("unknown-999") == steps.Step()
+    assert steps.step("bind-source").hint(errno.EACCES).startswith("the sandbox is built by")
+    assert steps.fix("mount-setattr").startswith("karotte-init needs mount_setattr (Linux 5.12+)")
+    with pytest.raises(ValueError):
+        steps.fix("no-such-line")
 
 
 @pytest.fixture
