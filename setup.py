@@ -41,7 +41,8 @@ class BuildExtWithInit(build_ext):
             cmd = [musl, *CFLAGS, "-static", "-isystem", str(headers)]
         else:
             cmd = [*shlex.split(sysconfig.get_config_var("CC") or "cc"), *CFLAGS, "-static"]
-        cmd += ["-I", str(HERE / "csrc"), str(HERE / "csrc" / "init.c"), "-o", str(out)]
+        sources = sorted(str(c) for c in (HERE / "csrc" / "init").glob("*.c"))
+        cmd += ["-I", str(HERE / "csrc"), *sources, "-o", str(out)]
         print(" ".join(cmd))
         subprocess.run(cmd, check=True)
         os.chmod(out, 0o755)

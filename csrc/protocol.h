@@ -2,8 +2,10 @@
  *
  * A SOCK_SEQPACKET socketpair: one datagram is one message, so there is no framing
  * to get wrong, and fds travel with SCM_RIGHTS. Every message starts with a header;
- * the payload is a sequence of records (tag, length, bytes). karotte/protocol.py is
- * the Python side of this file and must stay in step with it.
+ * the payload is a sequence of records (tag, length, bytes). karotte/protocol.py takes
+ * this file's numbers and layouts from karotte/_protocol_h.py, which
+ * scripts/protocol_h.py generates from it with the C compiler: run that after an edit
+ * here (tests/test_protocol.py fails until you do). Every struct spells out its padding.
  */
 #ifndef KAROTTE_PROTOCOL_H
 #define KAROTTE_PROTOCOL_H
@@ -35,8 +37,8 @@ enum {
 /* init -> host */
 enum {
     KP_READY = 101,     /* setup done; a directory fd of /workspace is attached */
-    KP_SETUP_ERR = 102, /* setup failed: KT_ERRNO, KT_WHAT; init exits after it */
-    KP_EXEC_ERR = 104,  /* exec id could not start: KT_ERRNO, KT_WHAT */
+    KP_SETUP_ERR = 102, /* setup failed: KT_STEP, KT_ERRNO, KT_WHAT; init exits after it */
+    KP_EXEC_ERR = 104,  /* exec id could not start: KT_STEP, KT_ERRNO, KT_WHAT */
     KP_EXITED = 105,    /* exec id ended: KT_WAIT_STATUS, KT_RUSAGE */
     KP_TTY = 106,       /* exec id runs on a pty; its master fd is attached */
 };
@@ -48,7 +50,7 @@ enum {
     KT_HOSTNAME = 2, /* string */
     KT_MOUNT = 3,    /* struct kp_mount, then src\0dst\0 */
     KT_SECCOMP = 4,  /* struct sock_filter[] */
-    KT_RLIMIT = 5,   /* u32 resource, u32 pad, u64 cur, u64 max */
+    KT_RLIMIT = 5,   /* struct kp_rlimit */
     KT_LOOPBACK = 6, /* empty: bring lo up */
     /* KP_EXEC */
     KT_ARGV = 20, /* NUL-separated strings */
@@ -59,9 +61,80 @@ enum {
     KT_SIGNAL = 30, /* u32 signal number */
     /* replies */
     KT_ERRNO = 40,       /* u32 */
-    KT_WHAT = 41,        /* string: which step failed */
+    KT_WHAT = 41,        /* string: the failed step in words, for people (may name a path) */
+    KT_STEP = 42,        /* u32: the failed step, enum kp_step */
     KT_WAIT_STATUS = 43, /* u32, as from waitpid */
-    KT_RUSAGE = 44,      /* u64 utime_us, u64 stime_us, u64 maxrss_kib */
+    KT_RUSAGE = 44,      /* struct kp_rusage */
+};
+
+/* The step at which a sandbox's start or an exec failed: KT_STEP of KP_SETUP_ERR and
+ * KP_EXEC_ERR, and karotte_spawn's *step_out (KS_SPAWN_*). One code per step; what
+ * each means for `karotte-sandbox check` is karotte/steps.py. */
+enum kp_step {
+    /* karotte_spawn (csrc/spawn.c) */
+    KS_SPAWN_THREAD = 1, /* pthread_create */
+    KS_SPAWN_CGROUP = 2, /* the v1 freezer was not THAWED (EBUSY), or a tasks write */
+    KS_SPAWN_OWNER = 3,  /* taking the namespace owner ids */
+    KS_SPAWN_CLONE3 = 4, /* clone3 itself */
+    /* setup: the config (csrc/init/main.c) */
+    KS_CONFIG_MESSAGE = 10, /* the first message is not KP_CONFIG */
+    KS_CONFIG_RECORD = 11,  /* a malformed config record */
+    KS_CGROUP_NAMESPACE = 12,
+    KS_SETGROUPS = 13, /* drop supplementary groups (init, or an exec's child) */
+    KS_SYSCTL = 14,    /* the user namespace's inotify limits */
+    KS_HOSTNAME = 15,
+    KS_SECCOMP_SUPPORT = 16, /* SECCOMP_GET_ACTION_AVAIL for the policy's actions */
+    KS_SETSID = 17,          /* init's session, or an exec's child's */
+    KS_SECCOMP_LOAD = 18,    /* by init, or by an exec's child in nested mode */
+    KS_WORKSPACE = 19,       /* open /workspace for the host */
+    KS_SIGNALFD = 20,
+    /* setup: the roots (csrc/init/mounts.c) */
+    KS_MOUNT_PRIVATE = 30, /* make / private */
+    KS_STAGING_TMPFS = 31,
+    KS_STAGING_DIRS = 32,
+    KS_STAGING_PIVOT = 33, /* pivot_root into the staging tmpfs */
+    KS_CHDIR_ROOT = 34,    /* chdir / after a pivot */
+    KS_NEWROOT_TMPFS = 35, /* the tmpfs of the sandbox's root */
+    KS_DETACH_HOST = 36,   /* detach the host's tree */
+    KS_CHDIR_NEWROOT = 37,
+    KS_PIVOT_ROOT = 38, /* pivot_root into the sandbox's root */
+    KS_DETACH_STAGING = 39,
+    /* setup: the mount plan (csrc/init/mounts.c) */
+    KS_MKDIR = 50, /* a mount point's directories */
+    KS_BIND_SOURCE = 51,
+    KS_BIND_TARGET = 52,
+    KS_BIND = 53,
+    KS_MOUNT_SETATTR = 54,
+    KS_TMPFS = 55,
+    KS_MOUNT_PROC = 56,
+    KS_MOUNT_DEVPTS = 57,
+    KS_PTMX = 58, /* the /dev/ptmx symlink into the devpts */
+    KS_SYMLINK = 59,
+    KS_DIR = 60,  /* KM_DIR's owner or mode */
+    KS_FILE = 61, /* KM_FILE's create, write or mode */
+    KS_MOUNT_OP = 62, /* an unknown KM_* operation */
+    /* setup: the network (csrc/init/net.c) */
+    KS_LOOPBACK = 70,
+    /* exec: the request (csrc/init/serve.c) */
+    KS_EXEC_SLOTS = 80,   /* too many execs at once */
+    KS_EXEC_REQUEST = 81, /* malformed or too large */
+    KS_PTY = 82,
+    KS_PIPE = 83,
+    KS_FORK = 84,
+    /* exec: the agent's child (csrc/init/agent.c) */
+    KS_OOM_SCORE = 90, /* reset oom_score_adj */
+    KS_SIGMASK = 91,
+    KS_CTTY = 92,
+    KS_CLOSE_FDS = 93,
+    KS_RLIMIT = 94,
+    KS_AGENT_USERNS = 95, /* nested mode: the agent's own user namespace */
+    KS_AGENT_UID_MAP = 96,
+    KS_AGENT_GID_MAP = 97,
+    KS_SETRESGID = 98,
+    KS_SETRESUID = 99,
+    KS_CHDIR = 100, /* the exec's cwd */
+    KS_NO_NEW_PRIVS = 101,
+    KS_EXECVE = 102,
 };
 
 /* Mount plan operations, executed in order; dst is relative to the new root. */
@@ -87,6 +160,19 @@ struct kp_mount {
     uint32_t pad;
     uint64_t size;
     uint64_t inodes;
+};
+
+struct kp_rlimit {
+    uint32_t resource;
+    uint32_t pad;
+    uint64_t cur;
+    uint64_t max;
+};
+
+struct kp_rusage {
+    uint64_t utime_us;
+    uint64_t stime_us;
+    uint64_t maxrss_kib;
 };
 
 #endif

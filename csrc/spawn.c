@@ -1,31 +1,9 @@
 /* Spawn of karotte-init: one clone3 with every namespace flag, then exec.
  *
- * Why this shape: the host is a trainer process that may hold tens of GiB and many
- * threads. fork() would copy its page tables (latency grows with its size) and the
- * child would run Python-owned memory between fork and exec. Instead the child shares
- * the parent's memory (CLONE_VM) and runs only raw syscalls held in registers: it
- * touches no memory and no stack, so it cannot disturb the parent, which keeps running.
- *
- * The child must exec as root of its new user namespace, or execve would drop the
- * capabilities that init needs to build the mount tree. It can become that root only
- * after the parent has written its uid/gid maps (and, on cgroup v1, placed it in its
- * cgroup), so it blocks in a recv on the control socket until the parent sends the go
- * datagram. Then: setresgid(0), setresuid(0), execve; exit_group if any step fails.
- *
- * It dies with its parent. clone3 copies the trainer's whole fd table into the child
- * (no CLONE_FILES), the parent ends of every other sandbox's control socket included,
- * and a child waiting for its go with those copies kept every init of the trainer
- * from ever seeing EOF when the trainer was SIGKILLed (and kept its memory mapped).
- * So before it waits, the child moves its end of the socket to fd 3 and closes every
- * other fd (two close_range calls, Linux 5.9+). Then only the trainer holds the
- * parent end, and the trainer's death is EOF: the recv returns 0 (MSG_TRUNC makes
- * the go itself return its length, never 0) and the child exits without exec. An
- * init that has exec'd sees the same EOF and exits, and with it its PID namespace.
- * PR_SET_PDEATHSIG cannot do this: it fires when the creating thread exits, and the
- * clone3 runs in a thread that ends right after it (below). The one window in which
- * a child holds another sandbox's parent end is between its clone3 and its
- * close_range: three syscalls that never block, so another init's EOF is at most that
- * late.
+ * The child shares the trainer's memory (CLONE_VM, no fork's page-table copy) and runs
+ * only raw syscalls in registers: fd 3 its socket end and every other fd closed, so the
+ * trainer's death is EOF; it waits for the go (its id maps are written), becomes root of
+ * its user namespace, execs. Why each step: docs/init.md, "The spawn".
  */
 #include "spawn.h"
 
@@ -123,31 +101,11 @@ static long clone3_child_exec(struct clone_args *ca, long child_fd, const char *
     return rax;
 }
 
-/* Every clone3 runs in a thread of its own, created for it and ended after it, for two
- * things that change the calling thread's state, which the trainer's threads must not
- * see:
- *
- * - cgroup v1: the thread first moves itself into the sandbox's cgroups by writing "0"
- *   to each hierarchy's `tasks` file, so the child starts in them. The kernel moves a
- *   thread that moves itself without the global lock that writing another process's
- *   pid to cgroup.procs takes for writing (cgroup_threadgroup_rwsem); on an idle
- *   machine that lock waits for an RCU grace period, 7 to 14 ms here. A throwaway
- *   thread is never the thread-group leader, whose memory cgroup would decide where
- *   the whole trainer's memory is charged, and it never has to move back.
- * - the user namespace's owner: the creator of a user namespace owns it, and the kernel
- *   charges per-user counts made inside it (inotify instances and watches, message-queue
- *   bytes, queued signals, nested namespaces) to the creator's uid as well. Created by
- *   the trainer's root, every sandbox would draw on root's pools (4 sandboxes took all
- *   128 inotify instances of this host's root, the trainer's included). So a root
- *   caller's thread takes owner_uid/owner_gid, host ids of this sandbox's own (no host
- *   account's; the agent runs as owner_uid inside), as its effective ids for the clone3. Raw syscalls change this thread only (glibc's
- *   setresuid would change every thread); fsuid stays the caller's, so that
- *   CLONE_INTO_CGROUP's permission check sees the caller. The change of effective ids
- *   also makes the process non-dumpable, and that stays so: the child shares the
- *   trainer's memory until its exec, in a user namespace whose owner has every
- *   capability over it; only a non-dumpable mm keeps the owner uid from attaching to it
- *   (the child's own setresuid leaves the trainer non-dumpable anyway, as every spawn
- *   did before). */
+/* Every clone3 runs in a throwaway thread, so that what it changes stays off the
+ * trainer's threads: on cgroup v1 it moves itself into the sandbox's cgroups (no global
+ * lock, unlike cgroup.procs), and for a root caller it takes the namespace owner's ids
+ * as its effective ids (raw syscalls: this thread only), which also leaves the process
+ * non-dumpable while the child shares its memory. The argument: docs/init.md. */
 struct spawn_job {
     struct clone_args ca;
     long child_fd;
@@ -180,7 +138,7 @@ static int thawed(const char *state_file)
 static void *spawn_thread(void *arg)
 {
     struct spawn_job *job = arg;
-    job->step = KAROTTE_STEP_CGROUP;
+    job->step = KS_SPAWN_CGROUP;
     if (job->freezer_state && (job->result = thawed(job->freezer_state)) < 0)
         return NULL;
     for (const char *const *t = job->tasks; t && *t; t++) {
@@ -195,7 +153,7 @@ static void *spawn_thread(void *arg)
     }
     if (job->owner_uid >= 0) {
         long fsuid = syscall(SYS_setfsuid, -1L), fsgid = syscall(SYS_setfsgid, -1L);
-        job->step = KAROTTE_STEP_OWNER;
+        job->step = KS_SPAWN_OWNER;
         if (syscall(SYS_setresgid, -1L, (long)job->owner_gid, -1L) < 0 ||
             syscall(SYS_setresuid, -1L, (long)job->owner_uid, -1L) < 0) {
             job->result = -errno;
@@ -204,7 +162,7 @@ static void *spawn_thread(void *arg)
         syscall(SYS_setfsuid, fsuid);
         syscall(SYS_setfsgid, fsgid);
     }
-    job->step = KAROTTE_STEP_CLONE;
+    job->step = KS_SPAWN_CLONE3;
     job->result = clone3_child_exec(&job->ca, job->child_fd, job->path, job->argv, job->envp);
     return NULL;
 }
@@ -249,7 +207,7 @@ int karotte_spawn(const char *path, char *const argv[], char *const envp[],
     pthread_sigmask(SIG_SETMASK, &all, &old);
     /* The default stack: it is only reserved, and glibc places static TLS in it, which
      * a preloaded library can make large. */
-    *step_out = KAROTTE_STEP_THREAD;
+    *step_out = KS_SPAWN_THREAD;
     err = pthread_create(&thread, NULL, spawn_thread, &job);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (err)

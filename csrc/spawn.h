@@ -4,6 +4,8 @@
 
 #include <stdint.h>
 
+#include "protocol.h"
+
 /* The fd number at which karotte-init finds its end of the control socket. */
 #define KAROTTE_CHILD_FD 3
 
@@ -26,10 +28,11 @@ int karotte_spawn(const char *path, char *const argv[], char *const envp[],
                   uint64_t ns_flags, int64_t owner_uid, int64_t owner_gid, int *pidfd_out,
                   int *step_out);
 
-/* Which step failed, in *step_out when karotte_spawn returns -errno. */
-#define KAROTTE_STEP_THREAD 1 /* pthread_create */
-#define KAROTTE_STEP_CGROUP 2 /* the v1 freezer was not THAWED (EBUSY), or a tasks write */
-#define KAROTTE_STEP_OWNER 3  /* taking the namespace owner ids */
-#define KAROTTE_STEP_CLONE 4  /* clone3 itself */
+/* Which step failed, in *step_out when karotte_spawn returns -errno: a KS_SPAWN_*
+ * code of enum kp_step (protocol.h), one table with karotte-init's steps. */
+#define KAROTTE_STEP_THREAD KS_SPAWN_THREAD
+#define KAROTTE_STEP_CGROUP KS_SPAWN_CGROUP
+#define KAROTTE_STEP_OWNER KS_SPAWN_OWNER
+#define KAROTTE_STEP_CLONE KS_SPAWN_CLONE3
 
 #endif

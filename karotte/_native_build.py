@@ -23,6 +23,7 @@ ffibuilder.set_source(
     '#include "spawn.h"',
     sources=[f"{CSRC}/spawn.c"],
     include_dirs=[CSRC],
+    depends=[f"{CSRC}/spawn.h", f"{CSRC}/protocol.h"],
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-D_GNU_SOURCE"],
 )
 

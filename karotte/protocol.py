@@ -1,7 +1,10 @@
 """Python side of csrc/protocol.h: the host <-> karotte-init control channel.
 
 Messages are SOCK_SEQPACKET datagrams: a header (type, id) and records (tag, length,
-bytes, padded to 8). Keep the numbers in step with protocol.h.
+bytes, padded to 8). Every number and struct layout here is protocol.h's own, as the C
+compiler reads it: karotte/_protocol_h.py is generated from the header (by
+scripts/protocol_h.py; tests/test_protocol.py fails while it is stale). Plain Python,
+so the mount plan and the probe import it without the C extension.
 """
 from __future__ import annotations
 
@@ -9,27 +12,63 @@ import struct
 from dataclasses import dataclass
 from typing import Iterator
 
-MAX_MSG = 256 * 1024
+from . import _protocol_h as h
+
+MAX_MSG = h.KP_MAX_MSG
 
 # host -> init
-CONFIG, EXEC, SIGNAL, GO = 1, 2, 3, 4
+CONFIG, EXEC, SIGNAL, GO = h.KP_CONFIG, h.KP_EXEC, h.KP_SIGNAL, h.KP_GO
 # init -> host
-READY, SETUP_ERR, EXEC_ERR, EXITED, TTY = 101, 102, 104, 105, 106
+READY, SETUP_ERR, EXEC_ERR, EXITED, TTY = (h.KP_READY, h.KP_SETUP_ERR, h.KP_EXEC_ERR,
+                                           h.KP_EXITED, h.KP_TTY)
 
 # record tags
-T_IDS, T_HOSTNAME, T_MOUNT, T_SECCOMP, T_RLIMIT, T_LOOPBACK = 1, 2, 3, 4, 5, 6
-T_ARGV, T_ENV, T_CWD, T_TTY = 20, 21, 22, 23
-T_SIGNAL = 30
-T_ERRNO, T_WHAT, T_WAIT_STATUS, T_RUSAGE = 40, 41, 43, 44
+T_IDS, T_HOSTNAME, T_MOUNT, T_SECCOMP, T_RLIMIT, T_LOOPBACK = (
+    h.KT_IDS, h.KT_HOSTNAME, h.KT_MOUNT, h.KT_SECCOMP, h.KT_RLIMIT, h.KT_LOOPBACK)
+T_ARGV, T_ENV, T_CWD, T_TTY = h.KT_ARGV, h.KT_ENV, h.KT_CWD, h.KT_TTY
+T_SIGNAL = h.KT_SIGNAL
+T_ERRNO, T_WHAT, T_STEP, T_WAIT_STATUS, T_RUSAGE = (h.KT_ERRNO, h.KT_WHAT, h.KT_STEP,
+                                                    h.KT_WAIT_STATUS, h.KT_RUSAGE)
 
 # mount plan operations and flags
-M_BIND, M_TMPFS, M_PROC, M_DEVPTS, M_SYMLINK, M_DIR, M_FILE = 1, 2, 3, 4, 5, 6, 7
-MF_RDONLY, MF_DEV = 0x1, 0x2
+M_BIND, M_TMPFS, M_PROC, M_DEVPTS, M_SYMLINK, M_DIR, M_FILE = (
+    h.KM_BIND, h.KM_TMPFS, h.KM_PROC, h.KM_DEVPTS, h.KM_SYMLINK, h.KM_DIR, h.KM_FILE)
+MF_RDONLY, MF_DEV = h.KMF_RDONLY, h.KMF_DEV
 
-_HEADER = struct.Struct("<II")
-_RECORD = struct.Struct("<II")
-_MOUNT = struct.Struct("<IIIIIIQQ")
-_RLIMIT = struct.Struct("<IIQQ")
+# Where a start or an exec failed (enum kp_step), by name: KS_MOUNT_PROC is "mount-proc".
+# karotte/steps.py says what each means.
+STEPS: dict[int, str] = {code: name[len("KS_"):].lower().replace("_", "-")
+                         for code, name in h.STEP_NAMES.items()}
+
+
+def step_name(code: int) -> str:
+    """The name of a KT_STEP code, or of karotte_spawn's *step_out."""
+    return STEPS.get(code, f"unknown-{code}")
+
+
+def _layout(name: str, fields: str) -> struct.Struct:
+    """struct `name` of protocol.h as the compiler lays it out; fields: its fields in
+    order, as this module packs them (checked, so that a reordered field fails here)."""
+    size, layout = h.STRUCTS[name]
+    if [field for field, _, _ in layout] != fields.split():
+        raise ImportError(f"struct {name} has the fields {[f for f, _, _ in layout]}; "
+                          f"karotte/protocol.py packs {fields.split()}")
+    at = 0
+    for field, offset, width in layout:
+        if offset != at:
+            raise ImportError(f"struct {name}.{field} follows padding: protocol.h spells out "
+                              "every byte")
+        at += width
+    if at != size:
+        raise ImportError(f"struct {name} ends in padding: protocol.h spells out every byte")
+    return struct.Struct("=" + "".join({4: "I", 8: "Q"}[width] for _, _, width in layout))
+
+
+_HEADER = _layout("kp_header", "type id")
+_RECORD = _layout("kp_record", "tag len")
+_MOUNT = _layout("kp_mount", "op flags mode uid gid pad size inodes")
+_RLIMIT = _layout("kp_rlimit", "resource pad cur max")
+_RUSAGE = _layout("kp_rusage", "utime_us stime_us maxrss_kib")
 
 
 class Message:
@@ -46,7 +85,7 @@ class Message:
         return self
 
     def u32(self, tag: int, value: int) -> "Message":
-        return self.record(tag, struct.pack("<I", value))
+        return self.record(tag, struct.pack("=I", value))
 
     def string(self, tag: int, text: str | bytes) -> "Message":
         raw = text.encode() if isinstance(text, str) else text
@@ -93,10 +132,15 @@ class Reply:
     records: dict[int, bytes]
 
     def u32(self, tag: int) -> int:
-        return struct.unpack("<I", self.records[tag])[0]
+        return struct.unpack("=I", self.records[tag])[0]
 
     def text(self, tag: int) -> str:
         return self.records.get(tag, b"").rstrip(b"\0").decode(errors="replace")
+
+    @property
+    def step(self) -> str | None:
+        """Where a SETUP_ERR or EXEC_ERR failed, by name (see STEPS); None in other replies."""
+        return step_name(self.u32(T_STEP)) if T_STEP in self.records else None
 
 
 def _records(data: bytes, pos: int) -> Iterator[tuple[int, bytes]]:
@@ -116,5 +160,5 @@ def parse(data: bytes) -> Reply:
 
 def rusage(reply: Reply) -> tuple[float, float, int]:
     """(user seconds, system seconds, max RSS bytes) of an EXITED reply."""
-    utime_us, stime_us, maxrss_kib = struct.unpack("<QQQ", reply.records[T_RUSAGE])
+    utime_us, stime_us, maxrss_kib = _RUSAGE.unpack(reply.records[T_RUSAGE])
     return utime_us / 1e6, stime_us / 1e6, maxrss_kib * 1024
