@@ -22,17 +22,12 @@
  * freezer_state: NULL, or the freezer.state file of that cgroup, which must read THAWED.
  * owner_uid, owner_gid: when >= 0 (a root caller), the host ids that create and own the
  * new user namespace, in place of the caller's: that thread takes them as its effective
- * ids for the clone3 (-EPERM if it cannot). The caller's own thread changes in nothing. */
+ * ids for the clone3 (-EPERM if it cannot). The caller's own thread changes in nothing.
+ * step_out: which step failed when it returns -errno, a KS_SPAWN_* code of enum kp_step
+ * (protocol.h), one table with karotte-init's steps. */
 int karotte_spawn(const char *path, char *const argv[], char *const envp[],
                   int child_fd, int cgroup_fd, char *const tasks[], const char *freezer_state,
                   uint64_t ns_flags, int64_t owner_uid, int64_t owner_gid, int *pidfd_out,
                   int *step_out);
-
-/* Which step failed, in *step_out when karotte_spawn returns -errno: a KS_SPAWN_*
- * code of enum kp_step (protocol.h), one table with karotte-init's steps. */
-#define KAROTTE_STEP_THREAD KS_SPAWN_THREAD
-#define KAROTTE_STEP_CGROUP KS_SPAWN_CGROUP
-#define KAROTTE_STEP_OWNER KS_SPAWN_OWNER
-#define KAROTTE_STEP_CLONE KS_SPAWN_CLONE3
 
 #endif

@@ -29,7 +29,15 @@ class HostUnsupported(KarotteError):
 
 
 class SandboxError(KarotteError):
-    """The sandbox could not be created or has failed; the message says where."""
+    """The sandbox could not be created or has failed; the message says where.
+
+    ``step`` names the step of the start that failed, as karotte-init or the spawn
+    reported it (a key of ``karotte.steps.STEPS``), or is None.
+    """
+
+    def __init__(self, message: str, step: str | None = None):
+        super().__init__(message)
+        self.step = step
 
 
 class SandboxClosed(SandboxError):

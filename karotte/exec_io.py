@@ -95,6 +95,7 @@ class ExecOp:
         self.stdin = memoryview(stdin)
         self.exit_reply: p.Reply | None = None
         self.error: str | None = None
+        self.error_step: str | None = None
         self.timed_out = False
         self.kill_deadline: float | None = None
         self.drain_deadline: float | None = None
@@ -264,6 +265,7 @@ class ExecOp:
         elif reply.type == p.EXEC_ERR:
             err = reply.u32(p.T_ERRNO)
             self.error = f"{reply.text(p.T_WHAT)}: {os.strerror(err)}"
+            self.error_step = reply.step
             self._finish(now)
 
     def _finish(self, now: float) -> None:
@@ -316,7 +318,8 @@ class ExecOp:
         if error is not None and self.exit_reply is None:
             stderr += f"karotte: {error}\n".encode()
         return ExecResult(exit_code, sig, self.out.value(), stderr, self.out.truncated,
-                          self.err.truncated, self.timed_out, oom, wall, cpu, peak, error)
+                          self.err.truncated, self.timed_out, oom, wall, cpu, peak, error,
+                          self.error_step if error == self.error else None)
 
 
 def drive_sync(op: ExecOp, until: Callable[[], bool] = lambda: False) -> None:

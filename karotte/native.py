@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import SandboxError
+from .protocol import step_name
 from .namespaces import (CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS,
                          CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWUTS)
 
@@ -26,16 +27,15 @@ _INIT_ARGV = [ffi.new("char[]", b"karotte-init"), ffi.NULL]
 
 
 class SpawnError(OSError):
-    """karotte_spawn failed; `step` says where: one of the STEP_* names."""
+    """karotte_spawn failed; `step` says where: one of the STEP_* names (karotte.steps)."""
 
     def __init__(self, err: int, step: str):
         super().__init__(err, os.strerror(err))
         self.step = step
 
 
-STEP_THREAD, STEP_CGROUP, STEP_OWNER, STEP_CLONE = "thread", "cgroup", "owner", "clone3"
-_STEPS = {lib.KAROTTE_STEP_THREAD: STEP_THREAD, lib.KAROTTE_STEP_CGROUP: STEP_CGROUP,
-          lib.KAROTTE_STEP_OWNER: STEP_OWNER, lib.KAROTTE_STEP_CLONE: STEP_CLONE}
+STEP_THREAD, STEP_CGROUP, STEP_OWNER, STEP_CLONE = (
+    "spawn-thread", "spawn-cgroup", "spawn-owner", "spawn-clone3")
 
 
 def spawn_init(child_fd: int, cgroup_fd: int | None, tasks: Sequence[str] | None = None,
@@ -67,5 +67,5 @@ def spawn_init(child_fd: int, cgroup_fd: int | None, tasks: Sequence[str] | None
                            -1 if cgroup_fd is None else cgroup_fd, task_list, state,
                            ALL_NAMESPACES, owner_uid, owner_gid, pidfd, step)
     if rc < 0:
-        raise SpawnError(-rc, _STEPS.get(step[0], STEP_CLONE))
+        raise SpawnError(-rc, step_name(step[0]) if step[0] else STEP_CLONE)
     return rc, pidfd[0], (path, argv, envp)

@@ -49,6 +49,7 @@ class ExecResult:
     peak_memory: int | None  # bytes, the cgroup's peak during the exec; None where the
     # kernel cannot reset the peak per exec (cgroup v2 before Linux 6.12) or no cgroup
     error: str | None = None  # why the command could not start
+    error_step: str | None = None  # where it could not: a step of karotte.steps.STEPS
 
     @property
     def ok(self) -> bool:

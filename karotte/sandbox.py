@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Mapping, Sequence
 
-from . import cgroups, lifecycle, mounts, native, net
+from . import cgroups, lifecycle, mounts, native, net, steps
 from . import protocol as p
 from .userns import Identity, identity, userns_blocker
 from .userns import AGENT_UID, DEFAULT_UID_BASE, ns_owner_ids  # noqa: F401 (public here too)
@@ -97,18 +97,9 @@ def _write_proc(pid: int, name: str, text: str) -> None:
 
 def _setup_error(reply: p.Reply) -> SandboxError:
     err = reply.u32(p.T_ERRNO)
-    what = reply.text(p.T_WHAT)
-    hint = ""
-    if err == errno.EACCES and what.startswith("bind source"):
-        hint = (" (the sandbox is built by an unprivileged host uid, so a bind source must be "
-                "readable, and its parents searchable, by others: chmod o+rx, or bind a copy)")
-    elif err in (errno.ENOSYS, errno.EINVAL) and ("mount_setattr" in what or "seccomp" in what):
-        hint = (" (this kernel is too old or built without it: Karotte needs Linux 5.12+ "
-                "with seccomp filters; run `karotte-sandbox check`)")
-    elif err == errno.EPERM and ("mount" in what or "proc" in what):
-        hint = (" (the kernel refused a mount inside the user namespace: a container or "
-                "LSM policy may forbid it; run `karotte-sandbox check`)")
-    return SandboxError(f"sandbox setup failed at '{what}': {os.strerror(err)}{hint}")
+    hint = steps.step(reply.step).hint(err)
+    return SandboxError(f"sandbox setup failed at '{reply.text(p.T_WHAT)}': {os.strerror(err)}"
+                        + (f" ({hint})" if hint else ""), step=reply.step)
 
 
 class _Core:
@@ -404,13 +395,14 @@ def _spawn_error(exc: native.SpawnError, cg: cgroups.Cgroup | None) -> Exception
                            f"({exc.strerror}); check the tasks files of {' '.join(cg.paths)}")
     if exc.step == native.STEP_THREAD:
         return SandboxError(f"no thread could be started for the spawn: {name} "
-                            f"({exc.strerror}); raise the limit on threads or processes")
+                            f"({exc.strerror}); raise the limit on threads or processes",
+                            step=exc.step)
     if exc.step == native.STEP_OWNER:
         return SandboxError(f"taking the user namespace's owner ids failed: {name} "
-                            f"({exc.strerror}); they need a root caller")
+                            f"({exc.strerror}); they need a root caller", step=exc.step)
     if exc.errno in (errno.EPERM, errno.EACCES, errno.ENOSPC, errno.EUSERS):
         return HostUnsupported("user-namespace", userns_blocker(exc.errno))
-    return SandboxError(f"clone3 of the sandbox failed: {exc.strerror}")
+    return SandboxError(f"clone3 of the sandbox failed: {exc.strerror}", step=exc.step)
 
 
 class _Facts:

@@ -18,9 +18,10 @@ import time
 
 import pytest
 
-from karotte import cgroups, probe
+from karotte import cgroups, probe, steps
 from karotte.probe import PROBE_SPEC, PROTECTIONS
-from karotte.probe.evidence import _Evidence, _host, _run_sandbox
+from karotte.errors import SandboxError
+from karotte.probe.evidence import _Evidence, _failure, _host, _run_sandbox
 from karotte.probe.verdicts import VERDICTS, judge
 from karotte.sandbox import AGENT_UID, DEFAULT_UID_BASE, Sandbox
 from karotte.spec import Bind, MiB, SandboxSpec
@@ -365,3 +366,16 @@ def test_an_agent_file_the_host_cannot_measure_fails_its_lines_instead_of_crashi
     if os.geteuid() == 0:
         assert not lines["separate-host-uid"].enforced
         assert "not visible from the host" in lines["separate-host-uid"].why_not
+
+
+def test_a_failed_step_blames_the_lines_of_its_code_not_words_in_its_message():
+    # The step code decides: a path that happens to contain "tmpfs" or "staging" used to
+    # blame the mount namespace and the disk quota for an unreadable bind source.
+    unreadable = _failure(SandboxError(
+        "sandbox setup failed at 'bind source /srv/tmpfs-staging': Permission denied",
+        step="bind-source"))
+    assert list(unreadable.causes) == list(PROTECTIONS)  # a bind sets up no line alone
+    loopback = _failure(SandboxError("sandbox setup failed at 'load seccomp filter': x",
+                                     step="loopback"))
+    assert list(loopback.causes) == ["network-namespace"]
+    assert loopback.causes["network-namespace"][1] == steps.fix("network-namespace")

@@ -637,3 +637,15 @@ def test_every_host_unsupported_names_lines_of_check():
                 names = (arg.value,) if isinstance(arg, ast.Constant) else getattr(module, arg.id)
                 assert names and set(names) <= set(PROTECTIONS), f"{path}:{node.lineno}"
     assert sites >= 10
+
+
+def test_an_exec_that_cannot_start_names_the_step_that_failed(no_leaks):
+    # init reports a step code, not only words: the caller (and check) tells a missing
+    # program from a missing directory without reading the message.
+    with Sandbox() as sb:
+        missing = sb.exec(["/no/such/program"])
+        assert missing.exit_code == 127 and missing.error_step == "execve"
+        assert "No such file" in missing.error
+        elsewhere = sb.exec(["true"], cwd="/no/such/dir")
+        assert elsewhere.exit_code == 127 and elsewhere.error_step == "chdir"
+        assert sb.exec(["true"]).error_step is None

@@ -14,7 +14,7 @@ import pwd
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .. import cgroups
+from .. import cgroups, steps
 from ..errors import CgroupError, HostUnsupported, KarotteError
 from ..namespaces import CLONE_NEWUSER
 from ..protections import CGROUP_LINES, NAMESPACES, NO_CGROUP, PROTECTIONS
@@ -27,7 +27,6 @@ MARK = ".karotte-probe"  # written by the agent in /workspace; its host owner is
 HIDDEN = ("/etc/shadow", "/var", "/run", "/sys", "/boot")  # host paths the plan never binds
 SYSCTLS = ("kernel/apparmor_restrict_unprivileged_userns", "kernel/unprivileged_userns_clone",
            "user/max_user_namespaces")
-MOUNT_SETATTR_KERNEL = (5, 12)
 PIDFD_KERNEL = (5, 3)  # pidfd_open; CLONE_PIDFD is 5.2
 CLONE3_KERNEL = (5, 3)
 CLONE_INTO_CGROUP_KERNEL = (5, 7)
@@ -204,6 +203,7 @@ class _Evidence:
     unplaced: list[str] = field(default_factory=list)  # cgroup dirs init is missing from
     inside: dict | None = None
     inside_error: str | None = None
+    inside_step: str | None = None  # where the in-sandbox probe's exec failed, if it did
     agent_host_uid: int | None = None
     agent_host_gid: int | None = None
     userns_owner: int | None = None  # host uid that owns the sandbox's user namespace
@@ -312,6 +312,7 @@ def _run_inside(sb, ev: _Evidence) -> None:
            "hidden": [p for p in HIDDEN if os.path.lexists(p)], "syscalls": _denied_calls()}
     result = sb.exec([PYTHON, "-I", "-S", "-c", _INSIDE, json.dumps(arg)])
     if not result.ok:
+        ev.inside_step = result.error_step
         ev.inside_error = (result.error or f"the probe exited with {result.exit_code} "
                            f"(signal {result.signal}): "
                            f"{result.stderr.decode(errors='replace').strip()[-500:]}")
@@ -329,36 +330,6 @@ def _run_inside(sb, ev: _Evidence) -> None:
 
 
 # --------------------------------------------------------------------------- failure causes
-
-# Steps of karotte-init (csrc/init.c) and of the spawn, as their failure messages name
-# them (_failure and _HostCheck.untested match these substrings), and the lines each one
-# sets up. An error at any other step names no single line.
-_STEP_MESSAGES = (
-    ("clone3", ("clone3",)),
-    ("mount_setattr", ("mount-setattr",)),
-    ("unshare the cgroup namespace", ("cgroup-namespace",)),
-    ("sethostname", ("uts-namespace",)),
-    ("lo flags", ("network-namespace",)),
-    ("bring lo up", ("network-namespace",)),
-    ("loopback", ("network-namespace",)),
-    ("make / private", ("mount-namespace",)),
-    ("staging", ("mount-namespace",)),
-    ("pivot_root", ("mount-namespace",)),
-    ("detach the", ("mount-namespace",)),
-    ("tmpfs", ("mount-namespace", "disk-quota")),
-    ("load seccomp filter", ("seccomp",)),
-    ("no_new_privs", ("no-new-privs",)),
-    ("setrlimit", ("rlimits",)),
-    ("setresuid", ("unprivileged-agent-uid",)),
-    ("setresgid", ("unprivileged-agent-uid",)),
-    ("supplementary groups", ("unprivileged-agent-uid",)),
-    ("agent's user namespace", ("user-namespace", "unprivileged-agent-uid")),
-    ("agent's uid_map", ("user-namespace", "unprivileged-agent-uid")),
-    ("agent's gid_map", ("user-namespace", "unprivileged-agent-uid")),
-    ("setsid", ("new-session",)),
-    ("close fds", ("closed-fds",)),
-)
-
 
 @dataclass(frozen=True)
 class _Failure:
@@ -396,22 +367,8 @@ def _failure(exc: BaseException) -> _Failure:
     if isinstance(exc, HostUnsupported) and exc.protection == "user-namespace":
         return _Failure({"user-namespace": (message, userns_cause(errno.EPERM)[1])})
     if isinstance(exc, HostUnsupported) and exc.protection in PROTECTIONS:
-        return _Failure({exc.protection: (message, _step_fix(exc.protection))})
-    for step, names in _STEP_MESSAGES:
-        if step in message:
-            return _Failure({name: (message, _step_fix(names[0])) for name in names})
-    return _Failure({name: (message, _step_fix(name)) for name in PROTECTIONS})
-
-
-def _step_fix(name: str) -> str:
-    return {
-        "mount-setattr": f"karotte-init needs mount_setattr (Linux "
-                         f"{'.'.join(map(str, MOUNT_SETATTR_KERNEL))}+): upgrade the kernel, or "
-                         f"run outside a container whose seccomp profile denies it",
-        "clone3": "the spawn needs clone3 with CLONE_PIDFD (Linux 5.3+, CLONE_INTO_CGROUP "
-                  "5.7+): upgrade the kernel, or run outside a container whose seccomp profile "
-                  "denies clone3",
-        "pidfd": "the spawn needs pidfds (Linux 5.3+): upgrade the kernel",
-        "seccomp": "the kernel must be built with CONFIG_SECCOMP_FILTER",
-    }.get(name, "a kernel or container policy refused this step; run `karotte-sandbox "
-                "check` on the host itself, or as root")
+        return _Failure({exc.protection: (message, steps.fix(exc.protection))})
+    row = steps.step(getattr(exc, "step", None))  # as init or the spawn reported it
+    if row.protections:
+        return _Failure({name: (message, row.fix) for name in row.protections})
+    return _Failure({name: (message, steps.fix(name)) for name in PROTECTIONS})

@@ -9,14 +9,15 @@ import errno
 import os
 from typing import Callable
 
-from .. import cgroups
+from .. import cgroups, steps
 from ..mounts import WORKSPACE, default_rootfs
 from ..protections import CGROUP_LINES, NAMESPACES, PROTECTIONS
 from ..spec import MiB
+from ..steps import MOUNT_SETATTR_KERNEL
 from ..userns import AGENT_UID, DEFAULT_UID_BASE
-from .evidence import (CLONE3_KERNEL, CLONE_INTO_CGROUP_KERNEL, HIDDEN, MOUNT_SETATTR_KERNEL,
-                       PIDFD_KERNEL, PROBE_SPEC, _KILL_FILES, _STEP_MESSAGES, _account,
-                       _Evidence, _Failure, _Host, _mount_fields, _read_or_none, _step_fix)
+from .evidence import (CLONE3_KERNEL, CLONE_INTO_CGROUP_KERNEL, HIDDEN, PIDFD_KERNEL, PROBE_SPEC,
+                       _KILL_FILES, _account, _Evidence, _Failure, _Host, _mount_fields,
+                       _read_or_none)
 from .report import Protection
 
 _BUG = "this is a bug in Karotte, not in the host: report it with `karotte-sandbox check --json`"
@@ -65,15 +66,14 @@ class _HostCheck:
                              f"is on the {failure.first} line)",
                              f"fix {failure.first} first, then run `karotte-sandbox check` again")
         if self.inside is None and name not in CGROUP_LINES + ("pidfd", "clone3"):
-            names = [n for step, ns in _STEP_MESSAGES if step in (self.ev.inside_error or "")
-                     for n in ns]
+            names = list(steps.step(self.ev.inside_step).protections)
             if names and name not in names:
                 return self.line(name, False, how, f"untested: the agent's command could not "
                                  f"start (the cause is on the {names[0]} line)",
                                  f"fix {names[0]} first")
             return self.line(name, False, how,
                              f"the in-sandbox probe failed: {self.ev.inside_error}",
-                             _step_fix(names[0]) if names else _BUG)
+                             steps.fix(names[0]) if names else _BUG)
         return None
 
     # -- namespaces
