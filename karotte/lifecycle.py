@@ -1,7 +1,7 @@
 """How a process that holds sandboxes ends, whichever way it ends.
 
 - SIGKILL (or any death): nothing here runs. Each init sees EOF on its control socket
-  and exits, and the kernel kills every process of its PID namespace (csrc/spawn.c says
+  and exits, and the kernel kills every process of its PID namespace (docs/init.md says
   why no process outlives the trainer). The cgroups and private directories stay until
   `karotte-sandbox gc`, which removes those of dead creators.
 - SIGINT, SIGTERM, SIGHUP, once install_signal_handlers() is called (the CLIs call it;

@@ -4,8 +4,8 @@ Every sandbox has a network namespace of its own (karotte/native.py). With netwo
 the only value SandboxSpec accepts, init brings its loopback up and nothing else: no
 interface, no route out. The other parts of network policy: SandboxSpec validates
 `network` (karotte/spec.py), the seccomp policy allows only UNIX, IPv4 and IPv6 sockets
-(karotte/seccomp.py), init brings lo up (bring_up_loopback in karotte-init's C), and
-`karotte-sandbox check` judges the network-namespace line (karotte/probe.py).
+(karotte/seccomp.py), init brings lo up (bring_up_loopback in csrc/init/net.c), and
+`karotte-sandbox check` judges the network-namespace line (karotte/probe/verdicts.py).
 """
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ from .seccomp import compile_policy
 from .spec import KiB, SandboxSpec
 
 SETUP_TIMEOUT = 10.0  # seconds for init to build the root and report ready
-MAX_PASS_FDS = 5  # extra fds a command may get (csrc/init.c MAX_FDS less stdio)
+MAX_PASS_FDS = 5  # extra fds a command may get (MAX_FDS of csrc/init/init.h less stdio)
 
 DEFAULT_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",

@@ -98,7 +98,7 @@ def identity() -> Identity:
         return Identity(f"0 {base} 65536\n", f"0 {base} 65536\n", False, False,
                         AGENT_UID, AGENT_UID, ns_owners=ns_owner_ids(base).start)
     # Without privilege the kernel lets us map exactly our own ids; the agent gets a
-    # nested namespace in which that id is 1000 (see agent_child in csrc/init.c).
+    # nested namespace in which that id is 1000 (see agent_child in csrc/init/agent.c).
     return Identity(f"0 {os.geteuid()} 1\n", f"0 {os.getegid()} 1\n", True, True, 0, 0)
 
 
