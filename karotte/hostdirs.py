@@ -6,7 +6,9 @@ exit (karotte/lifecycle.py) what it leaves itself.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 from . import names
@@ -38,6 +40,16 @@ def find_created_by() -> list[str]:
     """Directories of runtime_dir() made by this process (its pid and start time)."""
     mine = f"{names.PREFIX}{os.getpid()}."
     return _matching(lambda name: name.startswith(mine) and names.creator_alive(name))
+
+
+def remove_created_by() -> None:
+    """Remove this process's directories: at exit by itself (lifecycle.cleanup also calls
+    it, after destroying the sandboxes that use them), in whichever process made one."""
+    for path in find_created_by():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+atexit.register(remove_created_by)  # runs after lifecycle.cleanup: registered before it
 
 
 def _matching(keep) -> list[str]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -85,8 +84,7 @@ def cleanup() -> None:
             core.destroy()
         except (KarotteError, OSError) as exc:
             failed.append(str(exc))
-    for path in hostdirs.find_created_by():
-        shutil.rmtree(path, ignore_errors=True)
+    hostdirs.remove_created_by()
     cgroups.drain_pool()
     for why in failed:  # gc removes what is left once this process is gone
         print(f"karotte: a sandbox could not be removed at exit: {why}; "

@@ -177,6 +177,16 @@ time.sleep(1000)
         assert not os.path.exists(path)
 
 
+@pytest.mark.parametrize("make", ["from karotte import mounts; print(mounts.etc_dir('x'))",
+                                  "from karotte import hostdirs; print(hostdirs.new_dir('t', 0o700))"])
+def test_a_process_that_made_only_host_directories_removes_them_at_exit(make):
+    # No sandbox, so nothing imported lifecycle: the directories still go with the process.
+    r = subprocess.run([sys.executable, "-c", make], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    path = r.stdout.strip()
+    assert os.path.basename(path).startswith("karotte-") and not os.path.exists(path)
+
+
 # --------------------------------------------------------------------------- signals
 
 

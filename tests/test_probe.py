@@ -20,7 +20,8 @@ import pytest
 
 from karotte import cgroups, probe, steps
 from karotte.probe import PROBE_SPEC, PROTECTIONS
-from karotte.errors import SandboxError
+from karotte.errors import HostUnsupported, SandboxError
+from karotte.protections import CGROUP_LINES
 from karotte.probe.evidence import _Evidence, _failure, _host, _run_sandbox
 from karotte.probe.verdicts import VERDICTS, judge
 from karotte.sandbox import AGENT_UID, DEFAULT_UID_BASE, Sandbox
@@ -379,3 +380,11 @@ def test_a_failed_step_blames_the_lines_of_its_code_not_words_in_its_message():
                                      step="loopback"))
     assert list(loopback.causes) == ["network-namespace"]
     assert loopback.causes["network-namespace"][1] == steps.fix("network-namespace")
+
+
+def test_a_host_unsupported_fails_every_line_it_names_and_only_a_cgroup_loss_blames_cgroups():
+    lines = ("separate-host-uid", "own-userns-owner")
+    assert list(_failure(HostUnsupported(lines, "a bad uid range")).causes) == list(lines)
+    swap = _failure(HostUnsupported("cgroup-swap", "no memsw files"))
+    assert list(swap.causes) == ["cgroup-swap"]
+    assert list(_failure(HostUnsupported(CGROUP_LINES, "no cgroup")).causes) == list(CGROUP_LINES)

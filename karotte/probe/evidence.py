@@ -357,7 +357,7 @@ def _cgroup_fix() -> str:
 
 def _is_cgroup_error(exc: BaseException) -> bool:
     return isinstance(exc, CgroupError) or (isinstance(exc, HostUnsupported)
-                                            and exc.protection in CGROUP_LINES)
+                                            and NO_CGROUP <= set(exc.protections))
 
 
 def _failure(exc: BaseException) -> _Failure:
@@ -366,8 +366,8 @@ def _failure(exc: BaseException) -> _Failure:
         return _Failure({name: (message, _cgroup_fix()) for name in CGROUP_LINES})
     if isinstance(exc, HostUnsupported) and exc.protection == "user-namespace":
         return _Failure({"user-namespace": (message, userns_cause(errno.EPERM)[1])})
-    if isinstance(exc, HostUnsupported) and exc.protection in PROTECTIONS:
-        return _Failure({exc.protection: (message, steps.fix(exc.protection))})
+    if isinstance(exc, HostUnsupported):
+        return _Failure({name: (message, steps.fix(name)) for name in exc.protections})
     row = steps.step(getattr(exc, "step", None))  # as init or the spawn reported it
     if row.protections:
         return _Failure({name: (message, row.fix) for name in row.protections})
