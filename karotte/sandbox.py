@@ -15,27 +15,24 @@ import asyncio
 import errno
 import math
 import os
-import resource
 import select
 import signal
 import socket
 import termios
 import threading
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable, Mapping, Sequence
 
-from . import cgroups, lifecycle, mounts, native, net, steps
+from . import cgroups, lifecycle, mounts, native, plan, steps
 from . import protocol as p
-from .userns import Identity, identity, userns_blocker
+from .userns import identity, userns_blocker
 from .userns import AGENT_UID, DEFAULT_UID_BASE, ns_owner_ids  # noqa: F401 (public here too)
 from .results import ExecResult
 from .errors import CgroupError, HostUnsupported, SandboxClosed, SandboxError, out_of_fds
 from .protections import CGROUP_LINES, NO_CGROUP
 from .exec_io import KILL_GRACE, ExecOp, drive_async, drive_sync
 from .fds import fd_exhaustion, naming_fd_exhaustion
-from .seccomp import compile_policy
-from .spec import KiB, SandboxSpec
+from .spec import SandboxSpec
 
 SETUP_TIMEOUT = 10.0  # seconds for init to build the root and report ready
 MAX_PASS_FDS = 5  # extra fds a command may get (MAX_FDS of csrc/init/init.h less stdio)
@@ -60,31 +57,6 @@ def exec_env(spec: SandboxSpec, env: Mapping[str, str] | None) -> dict[str, str]
     (never more than the host has), then the caller's env, which may replace any of it."""
     cpus = min(math.ceil(spec.cpus), len(os.sched_getaffinity(0)))
     return {**DEFAULT_ENV, "OMP_NUM_THREADS": str(cpus), **(env or {})}
-
-
-@lru_cache(maxsize=1)
-def _seccomp_filter() -> bytes:
-    return compile_policy()
-
-
-@lru_cache(maxsize=64)
-def _config_message(spec: SandboxSpec, ident: Identity) -> bytes:
-    msg = p.Message(p.CONFIG)
-    msg.record(p.T_IDS, AGENT_UID.to_bytes(4, "little") + AGENT_UID.to_bytes(4, "little")
-               + int(ident.nested).to_bytes(4, "little"))
-    msg.string(p.T_HOSTNAME, spec.hostname)
-    msg.record(p.T_SECCOMP, _seccomp_filter())
-    msg.rlimit(resource.RLIMIT_NOFILE, spec.nofile, spec.nofile)
-    msg.rlimit(resource.RLIMIT_FSIZE, spec.disk, spec.disk)
-    msg.rlimit(resource.RLIMIT_CORE, 0, 0)
-    # Counted per user, and on the host against the user namespace's creator: cap what
-    # one sandbox can take from its owner's pools (POSIX message queue bytes, queued
-    # signals), which an unprivileged caller shares with all its sandboxes.
-    msg.rlimit(resource.RLIMIT_MSGQUEUE, 64 * KiB, 64 * KiB)
-    msg.rlimit(resource.RLIMIT_SIGPENDING, 1024, 1024)
-    net.add_network_plan(msg, spec)
-    mounts.add_mount_plan(msg, spec, ident.owner_uid, ident.owner_gid)
-    return msg.to_bytes()
 
 
 def _write_proc(pid: int, name: str, text: str) -> None:
@@ -166,7 +138,7 @@ class _Core:
             _write_proc(self.pid, "uid_map", ident.agent_uid_map(owner))
             _write_proc(self.pid, "gid_map", ident.gid_map)
             self.send(p.Message(p.GO).to_bytes(), [])
-            self.send(_config_message(spec, ident), [])
+            self.send(plan.config_message(spec, ident), [])
         except BaseException as exc:
             self.destroy()
             if out_of_fds(exc):

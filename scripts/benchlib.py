@@ -40,7 +40,7 @@ SANDBOX_PHASES: dict[str, tuple[str, str]] = {
     "create: clone3 of init, from a thread in the sandbox's cgroup (spawn_init)":
         ("karotte.native", "spawn_init"),
     "create: uid/gid maps (_write_proc)": ("karotte.sandbox", "_write_proc"),
-    "create: config message build": ("karotte.sandbox", "_config_message"),
+    "create: config message build": ("karotte.plan", "config_message"),
     "channel send": ("karotte.sandbox", "_Core.send"),
     "create: whole start() before waiting": ("karotte.sandbox", "_Core.start"),
     "create: READY receive": ("karotte.sandbox", "_Core.recv_with_fds"),
