@@ -132,3 +132,16 @@ def test_imports_inside_functions_are_only_those_that_must_stay_lazy():
     assert not found, ("imports inside a function that could be at the top of the module "
                        "(or need a reason in LAZY_OK): " + "; ".join(
                            f"{a} -> {b} (line {line}, in {fn}())" for a, b, line, fn in found))
+
+
+def test_docs_architecture_shows_the_layer_list_and_every_file_in_it():
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    layers = (REPO / ".importlinter").read_text().split("layers =\n", 1)[1]
+    listed = "\n".join(line.strip() for line in layers.strip().splitlines())
+    assert f"```\n{listed}\n```" in doc, "docs/architecture.md must show .importlinter's list"
+    files = [p for p in PACKAGE.rglob("*.py")
+             if not {"rootfs", "examples", "templates"} & set(p.relative_to(PACKAGE).parts)]
+    files += sorted((REPO / "csrc").rglob("*.[ch]"))
+    missing = [str(p.relative_to(REPO)) for p in files if f"`{p.relative_to(REPO)}`" not in doc]
+    missing += [d for d in ("karotte/examples/", "karotte/templates/") if f"`{d}`" not in doc]
+    assert not missing, f"docs/architecture.md names no line for {missing}"

@@ -1,1 +1,1 @@
-"""Console scripts: karotte-sandbox (and, later, karotte)."""
+"""Console scripts: karotte (environments) and karotte-sandbox (the sandbox alone)."""
