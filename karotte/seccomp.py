@@ -602,21 +602,10 @@ class Allow:
 @dataclass(frozen=True)
 class Deny:
     """Calls to ``syscalls`` fail with ``errno`` (when ``when`` holds, if it is given;
-    otherwise they run).
-
-    ``when`` is one condition, or a tuple of conditions on distinct arguments that must
-    all hold (setsockopt's level and optname). ``errno`` 0 makes the call a no-op that
-    returns 0, for calls whose effect is advice the caller cannot count on.
-
-    Conditions look at the low 32 bits of an argument only. That is exact for the
-    arguments the default policy inspects, which the kernel itself truncates to 32 bits
-    (ioctl's cmd, socket's domain, clone's flags, personality's persona, seccomp's op,
-    prctl's option, setsockopt's level and optname, fadvise64's advice, the RWF flags of
-    preadv2 and pwritev2), so a caller cannot hide a value in the high word; a flag bit of
-    the low word (mmap's MAP_HUGETLB, shmget's SHM_HUGETLB, memfd_create's MFD_HUGETLB) is
-    where the kernel reads it, whatever the high word holds.
-    prctl(PR_SET_SECCOMP)'s mode is a whole unsigned long to the kernel: an ArgIn on its
-    low word also matches values the kernel rejects (EINVAL), never fewer than it accepts.
+    otherwise they run). ``when`` is one condition, or a tuple of conditions on distinct
+    arguments that must all hold; ``errno`` 0 makes the call a no-op that returns 0.
+    Conditions look at an argument's low 32 bits only, as the kernel reads the ones the
+    policy inspects (why that is exact: docs/seccomp.md, "Arguments are compared...").
     """
 
     syscalls: tuple[str, ...]
