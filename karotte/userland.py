@@ -98,7 +98,11 @@ def kept() -> frozenset[str]:
     library when it lives in a shared prefix, and the distribution's site directories."""
     paths = {p for p in map(_real, sys.path) if DISTRIBUTION_SITE.fullmatch(p)}
     if _real(sys.base_prefix) in SHARED_PREFIXES:
-        stdlib, platstdlib = sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")
+        # The base interpreter's, not a venv's (whose platstdlib names the venv).
+        base = {"base": sys.base_prefix, "installed_base": sys.base_prefix,
+                "platbase": sys.base_exec_prefix, "installed_platbase": sys.base_exec_prefix}
+        stdlib = sysconfig.get_path("stdlib", vars=base)
+        platstdlib = sysconfig.get_path("platstdlib", vars=base)
         v = sys.version_info
         paths.update(map(_real, (stdlib, platstdlib, os.path.join(platstdlib, "lib-dynload"),
                                  os.path.join(sys.base_prefix, "lib",
