@@ -64,7 +64,6 @@ from collections import Counter
 from dataclasses import replace
 from functools import lru_cache
 from importlib import metadata, resources
-from pathlib import Path
 
 from . import hostdirs
 from .spec import Bind, SandboxSpec, path_within
