@@ -42,6 +42,8 @@ from .results import ExecResult, capped
 from .sandbox import AsyncSandbox, Sandbox
 from .scan import ScanLimits
 from .seeding import env_name, env_seed
+from .spec import SandboxSpec
+from .userland import hide_package
 
 SHELL_STATE = "/home/agent/.karotte-shell-state"
 # Each command runs in a fresh bash that first restores the previous command's working
@@ -170,6 +172,10 @@ class _Flow:
         self.finished: Outcome | None = None
 
     # -- reset
+
+    def agent_spec(self) -> SandboxSpec:
+        """The environment's limits, with its own package hidden (karotte/userland.py)."""
+        return hide_package(self.env.limits, type(self.env).__module__)
 
     def begin_reset(self) -> None:
         if self.finished is not None:
@@ -430,7 +436,7 @@ class Episode(_Facts[Sandbox]):
         flow.begin_reset()
         t = time.monotonic()
         prompt, setup = flow.prepare()
-        self._sandbox = Sandbox(flow.env.limits)
+        self._sandbox = Sandbox(flow.agent_spec())
         try:
             if setup:
                 flow.placed(self._sandbox.exec(setup[0], stdin=setup[1]))
@@ -531,7 +537,7 @@ class AsyncEpisode(_Facts[AsyncSandbox]):
         t = time.monotonic()
         try:
             prompt, setup = await self._in_thread(flow.prepare)
-            self._sandbox = await AsyncSandbox(flow.env.limits).start()
+            self._sandbox = await AsyncSandbox(flow.agent_spec()).start()
             if setup:
                 flow.placed(await self._sandbox.exec(setup[0], stdin=setup[1]))
         except BaseException:

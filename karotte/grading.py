@@ -35,6 +35,7 @@ from .results import ExecResult
 from .sandbox import Sandbox
 from .userns import sandbox_owner
 from .spec import Bind, SandboxSpec
+from .userland import hide_package
 
 LIB_MOUNT = "/opt/karotte-lib"
 PYTHON = "/usr/bin/python3"
@@ -195,7 +196,7 @@ def preflight(env: Environment) -> None:
 def _import_as_grader(env: Environment, target: str) -> str | None:
     limits = env.grader_limits
     lib = grader_library(target.split(".", 1)[0].split(":", 1)[0])
-    spec = replace(limits, binds=limits.binds + (Bind(lib, LIB_MOUNT),))
+    spec = hide_package(replace(limits, binds=limits.binds + (Bind(lib, LIB_MOUNT),)), target)
     with Sandbox(spec) as sandbox:
         r = sandbox.exec([PYTHON, "-I", "-S", "-B", "-c", PREFLIGHT, target],
                          timeout=min(limits.timeout, PREFLIGHT_SECONDS))
@@ -248,8 +249,8 @@ def run_grader(env: Environment, seed: int, submission: str) -> GradeReport:
 
 def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, lib: str, hidden: str,
               submission: str, target: str, seed: int) -> GradeReport:
-    spec = replace(limits, binds=limits.binds + (
-        Bind(lib, LIB_MOUNT), Bind(hidden, "/hidden"), Bind(submission, "/submission")))
+    spec = hide_package(replace(limits, binds=limits.binds + (
+        Bind(lib, LIB_MOUNT), Bind(hidden, "/hidden"), Bind(submission, "/submission"))), target)
     deadline = time.monotonic() + limits.timeout
     host_end, grader_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     outcome: dict[str, Any] = {}
@@ -267,7 +268,7 @@ def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, lib: str, hidden: str
 
             worker = threading.Thread(target=grade, name="karotte-grader", daemon=True)
             worker.start()
-            final, runs = _serve(host_end, parent, submission, deadline)
+            final, runs = _serve(host_end, parent, submission, target, deadline)
             # A grader still waiting on the channel (its reply could not be sent) sees
             # EOF now and ends, instead of hanging until its timeout.
             host_end.shutdown(socket.SHUT_RDWR)
@@ -281,7 +282,7 @@ def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, lib: str, hidden: str
     return _report(final, outcome["exec"], runs)
 
 
-def _serve(channel: socket.socket, parent: cgroups.Cgroup, submission: str,
+def _serve(channel: socket.socket, parent: cgroups.Cgroup, submission: str, target: str,
            deadline: float) -> tuple[dict | None, int]:
     """Answer the grader's requests until it reports (or its channel closes)."""
     runs = 0
@@ -297,7 +298,8 @@ def _serve(channel: socket.socket, parent: cgroups.Cgroup, submission: str,
             return request, runs
         runs += 1
         try:
-            reply = {"result": encode_result(_run_nested(request, parent, submission, deadline))}
+            reply = {"result": encode_result(_run_nested(request, parent, submission, target,
+                                                     deadline))}
         except (KarotteError, GraderError, ValueError, TypeError, KeyError, OSError) as exc:
             reply = {"error": f"run failed: {exc}"}
         try:
@@ -306,7 +308,7 @@ def _serve(channel: socket.socket, parent: cgroups.Cgroup, submission: str,
             return None, runs
 
 
-def _run_nested(request: dict, parent: cgroups.Cgroup, submission: str,
+def _run_nested(request: dict, parent: cgroups.Cgroup, submission: str, target: str,
                 deadline: float) -> ExecResult:
     left = deadline - time.monotonic()
     if left <= 0:
@@ -335,7 +337,7 @@ def _run_nested(request: dict, parent: cgroups.Cgroup, submission: str,
                            cpus=float(request["cpus"]),
                            timeout=min(float(request["timeout"]), left),
                            output_limit=output_limit, binds=binds)
-        with Sandbox(spec, cgroup_parent=parent) as run:
+        with Sandbox(hide_package(spec, target), cgroup_parent=parent) as run:
             start = time.monotonic()
             result = run.exec(argv, stdin=stdin, env=env, cwd=cwd)
             # Until the last byte of output, not the command's exit: a program that exits

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
-from . import hostdirs
+from . import hostdirs, userland
 from . import protocol as p
 from .spec import Bind, BindError, SandboxSpec, path_within
 
@@ -104,6 +104,9 @@ def add_mount_plan(msg: p.Message, spec: SandboxSpec, agent_uid: int, agent_gid:
             msg.mount(p.M_SYMLINK, path, target)
         else:
             msg.mount(p.M_BIND, path, path, flags=p.MF_RDONLY)
+    # Over those binds: what of the host's userland is the trainer's (karotte/userland.py).
+    for path, source in userland.hiding_mounts():
+        msg.mount(p.M_BIND, path, source, flags=p.MF_RDONLY)
 
     # /etc: one read-only bind of a directory made once per process (see etc_dir).
     msg.mount(p.M_BIND, "/etc", etc_dir(spec.hostname), flags=p.MF_RDONLY)
