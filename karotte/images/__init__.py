@@ -1,0 +1,1 @@
+"""Images: a task's own root filesystem."""
