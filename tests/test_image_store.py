@@ -332,3 +332,43 @@ def test_debian_bookworm_with_python3_is_built_once_by_mmdebstrap(debian_store):
     again = store.import_image("debian:bookworm+python3")  # cached by (suite, packages)
     assert again.tree == image.tree and store.extractions == 1
     assert time.perf_counter() - start < took / 5
+
+
+IMPORT_AS_CALLER = """
+import json, os, sys
+from karotte.images import Store
+image = Store(sys.argv[1]).import_image(sys.argv[2])
+print(json.dumps({"tree": image.tree, "ids": sorted({(st.st_uid, st.st_gid) for st in (
+    os.lstat(os.path.join(d, n)) for d, ds, fs in os.walk(image.tree) for n in ds + fs)})}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process as uid 65534")
+def test_unprivileged_the_tree_stays_the_callers_and_is_keyed_by_its_uid(images, tmp_path):
+    # The sandbox of an unprivileged caller maps the caller to root inside: the caller's
+    # own files are the image's root files there.
+    nobody = 65534
+    shared = tmp_path / "shared"
+    subprocess.run(["cp", "-a", images["layout"], shared], check=True)
+    subprocess.run(["chmod", "-R", "a+rX", shared], check=True)
+    (tmp_path / "s").mkdir()
+    os.chown(tmp_path / "s", nobody, nobody)
+    os.chmod(tmp_path, 0o755)
+
+    def as_nobody(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=120,
+            env={**os.environ, "HOME": str(tmp_path)},
+            preexec_fn=lambda: (os.setgroups([]), os.setgid(nobody), os.setuid(nobody)))
+
+    try:
+        usable = as_nobody("-c", "import karotte.images").returncode == 0
+    except PermissionError:
+        usable = False
+    if not usable:
+        pytest.skip("this Python, the checkout and its venv must be readable by uid 65534")
+    child = as_nobody("-c", IMPORT_AS_CALLER, str(tmp_path / "s"), f"oci:{shared}:t")
+    assert child.returncode == 0, child.stderr
+    found = json.loads(child.stdout)
+    assert found["ids"] == [[nobody, nobody]]
+    assert found["tree"].split("/")[-2].endswith(f"@uid{nobody}")
