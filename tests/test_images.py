@@ -21,13 +21,6 @@ from karotte.images.extract import manifest
 from karotte.images.oci import host_arch
 
 TOOLS = ("umoci", "skopeo", "zstd")
-REPO = Path(__file__).resolve().parent.parent
-
-
-def needs_tools():
-    missing = [t for t in TOOLS if shutil.which(t) is None]
-    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)} (scripts/setup "
-                              f"installs them)")
 
 
 # -- the grammar --------------------------------------------------------------------
