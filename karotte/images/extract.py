@@ -1,0 +1,764 @@
+"""Apply one OCI layer (an uncompressed tar stream) onto a tree, treating the layer as hostile.
+
+apply_layer reads the tar once, in order (the store hashes the same bytes for the config's
+diff_ids), and writes each entry into the tree behind a directory fd. manifest lists the
+tree that results, for the store's manifest and `image verify`.
+
+Why a layer cannot write outside the tree or plant anything the tree must not hold:
+- A name is split into components before anything is touched: an absolute name, a `..`
+  component or a NUL byte refuses the image (IMG-TRAVERSAL-01). Nothing is ever opened by
+  a joined path.
+- Parents are opened component by component from the root fd with
+  openat(O_DIRECTORY|O_NOFOLLOW): a symlink where a directory is needed, planted by an
+  earlier entry or an earlier layer, refuses the image instead of redirecting the write
+  (IMG-SYMLINK-01). The final component is made new (O_CREAT|O_EXCL|O_NOFOLLOW, mkdirat,
+  symlinkat, linkat): what a lower layer left there is unlinked first, fd-relative, so no
+  write ever lands in an inode that was there before; a directory over a directory merges,
+  as the OCI layer spec says.
+- A hard link must name a regular file already in the tree, found the same way; never a
+  directory, a symlink, a name not yet extracted, or anything outside (IMG-HARDLINK-01).
+- Character and block devices, FIFOs and any other type refuse the image (IMG-DEVICE-01):
+  a tree holds only files, directories and symlinks.
+- setuid and setgid bits are stripped, and the sticky bit from files, not refused: images
+  made by ordinary tools carry them (/usr/bin/passwd) and enroot strips them the same way
+  (tar --mode=u-s,g-s). Directories keep their sticky bit (/tmp is 1777). World-writable
+  modes stay as the image says (IMG-SETUID-01).
+- No xattr is ever set: `security.*` (file capabilities, SELinux labels) and `trusted.*`
+  are dropped, and `user.*` too, since `user.overlay.*` would steer the overlay that mounts
+  this tree in a user namespace (IMG-XATTR-01).
+- Whiteouts (IMG-WHITEOUT-01): a regular, empty `.wh.NAME` deletes NAME of the lower
+  layers, `.wh..wh..opq` deletes what lower layers put in its directory; either keeps what
+  this layer adds, in whatever order the tar has them. `.wh.`, `.wh..`, `.wh...`, an
+  opaque marker at the root, a whiteout that is not an empty regular file, a whiteout
+  through a symlink and a `.wh.` name used as a directory refuse the image. AUFS's own
+  metadata at the root (`.wh..wh.plnk`, `.wh..wh.aufs`, `.wh..wh.orph`, and what is under
+  them) is skipped, as Docker skips it: it is AUFS's bookkeeping, not part of the image; a
+  hard link into `.wh..wh.plnk` is then refused as a link to a name not in the tree.
+- Budgets (IMG-BOMB-01) are checked from each header before its data is read: entries,
+  depth, path bytes, one file's size, the bytes of regular files in the tree after this
+  layer (what it frees counts) and the bytes of data read. An extended header (pax, GNU
+  long name) over EXTENDED_HEADER_LIMIT and sparse files are refused before tarfile reads
+  them into memory.
+- Every tarfile error, and a header with a bad checksum mid-stream (tarfile would take it
+  for the end of the archive and silently drop the rest), becomes a LayerError
+  (IMG-TAR-01); so does an entry the host cannot write (IMG-WRITE-01). Nothing but
+  LayerError comes out of what a tar contains. ids's own exceptions pass through.
+
+Modes and owners: files keep their permission bits (minus setuid, setgid, sticky),
+directories what the tar says (minus setuid, setgid), set with fchmod on our own fd;
+owners come from ids (fchown, or lchown for symlinks); mtimes from the tar, set on the fd
+or with AT_SYMLINK_NOFOLLOW. A directory's mode and mtime are set when the layer ends,
+deepest first, so that its own entries can still be written and do not move its mtime.
+Run unprivileged, a lower directory without owner rwx is opened up while the layer writes
+in it and given its mode back at the end.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import math
+import os
+import re
+import stat
+import tarfile
+from dataclasses import dataclass
+from typing import BinaryIO, Callable
+
+from ..errors import KarotteError
+from ..results import capped
+
+__all__ = ["LayerError", "LayerBudget", "TreeEntry", "RULES", "EXTENDED_HEADER_LIMIT",
+           "apply_layer", "manifest"]
+
+RULES = {
+    "IMG-TRAVERSAL-01": "a name must stay inside the tree: no absolute name, no '..', "
+                        "no NUL, parents must be directories",
+    "IMG-SYMLINK-01": "no write through a symlink an earlier entry or layer planted",
+    "IMG-HARDLINK-01": "a hard link must name a regular file already in the tree",
+    "IMG-DEVICE-01": "only files, directories, symlinks and hard links: no device, FIFO "
+                     "or other type",
+    "IMG-WHITEOUT-01": "a whiteout is an empty regular file that deletes one name of the "
+                       "lower layers, never its parent or the root",
+    "IMG-BOMB-01": "every size and count within the layer budget",
+    "IMG-TAR-01": "the layer must be a well-formed tar",
+    "IMG-WRITE-01": "the entry must be writable into the tree",
+    "IMG-TREE-01": "a tree holds only files, directories and symlinks",
+}
+
+# Bytes of one pax or GNU long-name header, which tarfile reads whole into memory. A path
+# is at most max_path_bytes; the rest (xattrs) is dropped anyway.
+EXTENDED_HEADER_LIMIT = 64 << 10
+_ENTRY_TEXT_LIMIT = 1024  # bytes of JSON of the entry a LayerError names
+
+# AUFS's own metadata at the root of a layer, skipped (Docker's archive code does the same).
+_AUFS_META = (b".wh..wh.plnk", b".wh..wh.aufs", b".wh..wh.orph")
+_WHITEOUT = b".wh."
+_OPAQUE = b".wh..wh..opq"
+
+# Never follow a link, never leak into a child.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# manifest's reads: O_NONBLOCK and O_NOCTTY, should anything but a file ever be there.
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_CHUNK = 1 << 20
+_MAX_MTIME = 9 * 10**9  # seconds: what a signed 64-bit count of nanoseconds holds
+
+
+class LayerError(KarotteError):
+    """A layer entry refused. ``entry`` is its path as the tar names it, escaped (as
+    karotte.scan.escape does); ``rule`` the attack id of RULES it broke; ``detail`` what
+    was found. The image is refused as a whole."""
+
+    def __init__(self, entry: str, rule: str, detail: str):
+        super().__init__(f"layer entry {entry} refused by {rule} ({RULES[rule]}): {detail}; "
+                         "the image is refused: rebuild it without this entry")
+        self.entry, self.rule, self.detail = entry, rule, detail
+
+
+@dataclass(frozen=True)
+class LayerBudget:
+    """Limits of one layer, every one checked as the tar is read."""
+    max_entries: int = 1_000_000  # headers of the layer (whiteouts and links included)
+    max_bytes: int = 32 << 30  # regular files in the tree after this layer; data read
+    max_file_size: int = 8 << 30
+    max_depth: int = 64  # components of a name
+    max_path_bytes: int = 4096  # of a name, a symlink target or a hard link's target
+
+
+@dataclass(frozen=True)
+class TreeEntry:
+    """One path of the final tree, as manifest measures it (never following a link).
+    ``path`` is relative to the root ("." is the root) and escaped as karotte.scan.escape
+    does, as is ``target``; ``mode`` the permission bits (S_IMODE); ``size`` 0 for a
+    directory, the target's length for a symlink."""
+    path: str
+    type: str  # "file" | "dir" | "symlink": nothing else exists in a tree
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    sha256: str | None  # files only
+    target: str | None  # symlinks only, kept as is, never followed
+
+
+_PLAIN = re.compile(rb"[\x20-\x5b\x5d-\x7e]*")  # printable ASCII except the backslash
+
+
+def _escape(raw: bytes) -> str:
+    r"""karotte.scan.escape's form (tests hold the two equal): printable UTF-8 stays, every
+    other byte becomes \xNN. images sits below scan in the layers, so it cannot import it."""
+    if _PLAIN.fullmatch(raw):
+        return raw.decode("ascii")
+    out = []
+    for ch in raw.decode("utf-8", "surrogateescape"):
+        if ch != "\\" and ch.isprintable():
+            out.append(ch)
+        else:
+            out.extend(f"\\x{b:02x}" for b in ch.encode("utf-8", "surrogateescape"))
+    return "".join(out)
+
+
+class _Corrupt(Exception):
+    """A header that does not parse: raised past tarfile.next(), which would otherwise
+    end the archive there without a word."""
+
+
+class _Header(tarfile.TarInfo):
+    """tarfile's header reader with the checks it lacks for a hostile stream."""
+
+    @classmethod
+    def frombuf(cls, buf: bytes, encoding: str, errors: str) -> tarfile.TarInfo:
+        try:
+            return super().frombuf(buf, encoding, errors)
+        except (tarfile.InvalidHeaderError, tarfile.TruncatedHeaderError) as exc:
+            raise _Corrupt(f"{exc} at a header") from None
+
+    def _proc_member(self, tf: tarfile.TarFile) -> tarfile.TarInfo:
+        # Read whole into memory by tarfile: bounded before it reads.
+        if (self.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE,
+                          tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+                and self.size > EXTENDED_HEADER_LIMIT):
+            raise _Corrupt(f"an extended header of {self.size} bytes (at most "
+                           f"{EXTENDED_HEADER_LIMIT})")
+        if self.type == tarfile.GNUTYPE_SPARSE:  # its maps run on for any number of blocks
+            raise _Corrupt("a GNU sparse file (not supported in layers)")
+        return super()._proc_member(tf)
+
+    def _proc_gnusparse_10(self, nxt: tarfile.TarInfo, pax_headers: dict,
+                           tf: tarfile.TarFile) -> None:
+        raise _Corrupt("a pax sparse file (not supported in layers)")
+
+
+# What tarfile raises on a malformed stream (ValueError, OverflowError: numbers out of
+# range; RecursionError: a chain of extended headers; EOFError: a short gzip-less read).
+_TAR_ERRORS = (tarfile.TarError, _Corrupt, ValueError, OverflowError, RecursionError,
+               EOFError, UnicodeError)
+
+
+def _lstat(name: bytes, dir_fd: int) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _names(fd: int) -> list[bytes]:
+    return sorted(os.fsencode(n) for n in os.listdir(fd))
+
+
+def _join(dirs: list[bytes] | tuple[bytes, ...], name: bytes) -> bytes:
+    return b"/".join((*dirs, name))
+
+
+class _Layer:
+    """One apply_layer call: the root fd, the budget, and what this layer added."""
+
+    def __init__(self, root_fd: int, budget: LayerBudget,
+                 ids: Callable[[int, int], tuple[int, int]] | None):
+        self.budget, self.ids = budget, ids
+        self.unprivileged = os.geteuid() != 0
+        self.root = os.open(".", _DIR_FLAGS, dir_fd=root_fd)  # our own fd and offset
+        self.chain: list[tuple[bytes, int]] = []  # open fds of the current entry's parents
+        self.raw = b""  # the entry being applied, as the tar names it
+        self.entries = 0
+        self.read = 0
+        self.total = 0
+        self.added: set[bytes] = set()  # paths this layer made (a merged directory too)
+        self.holds: set[bytes] = set()  # directories with something this layer made below
+        self.dirs: dict[bytes, tuple[int, int | None]] = {}  # path: (mode, mtime ns) at end
+        self.buf = memoryview(bytearray(_CHUNK))
+
+    def close(self) -> None:
+        for _, fd in self.chain:
+            os.close(fd)
+        self.chain.clear()
+        os.close(self.root)
+
+    def refuse(self, rule: str, detail: str) -> LayerError:
+        return LayerError(capped(_escape(self.raw), _ENTRY_TEXT_LIMIT) if self.raw else
+                          "(the layer's first header)", rule, detail)
+
+    # -- the stream
+
+    def run(self, stream: BinaryIO) -> None:
+        self.total = self._measure()
+        try:
+            tf = tarfile.open(fileobj=stream, mode="r|", tarinfo=_Header, encoding="utf-8",
+                              errors="surrogateescape")
+        except _TAR_ERRORS as exc:
+            raise self.refuse("IMG-TAR-01", f"not a tar: {exc}") from None
+        while True:
+            try:
+                member = tf.next()
+            except _TAR_ERRORS as exc:
+                raise self.refuse("IMG-TAR-01", f"the header after this entry: {exc}") from None
+            if member is None:
+                break
+            tf.members.clear()  # stream mode keeps every header: a million would stay
+            self.raw = os.fsencode(member.name)
+            self.entries += 1
+            if self.entries > self.budget.max_entries:
+                raise self.refuse("IMG-BOMB-01",
+                                  f"more than max_entries={self.budget.max_entries} entries")
+            try:
+                self._entry(tf, member)
+            except OSError as exc:
+                raise self.refuse("IMG-WRITE-01", exc.strerror or str(exc)) from None
+        try:
+            self._finish()
+        except OSError as exc:
+            raise self.refuse("IMG-WRITE-01", f"at the end of the layer: {exc.strerror}") \
+                from None
+
+    def _parts(self, raw: bytes, rule: str, what: str) -> list[bytes]:
+        """raw's components, or a refusal: absolute, '..', NUL, too long, too deep."""
+        budget = self.budget
+        if b"\0" in raw:
+            raise self.refuse(rule, f"{what} holds a NUL byte")
+        if len(raw) > budget.max_path_bytes:
+            raise self.refuse("IMG-BOMB-01", f"{what} is {len(raw)} bytes "
+                                             f"(max_path_bytes={budget.max_path_bytes})")
+        if raw.startswith(b"/"):
+            raise self.refuse(rule, f"{what} is absolute")
+        parts = [p for p in raw.split(b"/") if p not in (b"", b".")]
+        if b".." in parts:
+            raise self.refuse(rule, f"{what} has a '..' component")
+        if len(parts) > budget.max_depth:
+            raise self.refuse("IMG-BOMB-01", f"{what} is {len(parts)} components deep "
+                                             f"(max_depth={budget.max_depth})")
+        return parts
+
+    def _entry(self, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
+        parts = self._parts(self.raw, "IMG-TRAVERSAL-01", "the name")
+        if parts and parts[0] in _AUFS_META:
+            self._count_read(m)  # skipped, but read all the same
+            return
+        if any(p.startswith(_WHITEOUT) for p in parts[:-1]):
+            raise self.refuse("IMG-WHITEOUT-01", "a whiteout name used as a directory")
+        if m.sparse is not None:
+            raise self.refuse("IMG-TAR-01", "a sparse file (not supported in layers)")
+        if not parts:
+            if not m.isdir():
+                raise self.refuse("IMG-TRAVERSAL-01", "the root of the tree must be a directory")
+            self._own(self.root, m)
+            self.dirs[b""] = (stat.S_IMODE(m.mode) & ~0o6000, self._mtime(m))
+            return
+        dirs, name = parts[:-1], parts[-1]
+        if name.startswith(_WHITEOUT):
+            self._whiteout(m, dirs, name)
+        elif m.isreg():
+            self._file(tf, m, dirs, name)
+        elif m.isdir():
+            self._dir(m, dirs, name)
+        elif m.issym():
+            self._symlink(m, dirs, name)
+        elif m.islnk():
+            self._hardlink(m, dirs, name)
+        else:
+            kind = {tarfile.CHRTYPE: "a character device", tarfile.BLKTYPE: "a block device",
+                    tarfile.FIFOTYPE: "a FIFO"}.get(m.type, f"tar type {m.type!r}")
+            raise self.refuse("IMG-DEVICE-01", f"{kind} is not allowed in an image")
+
+    # -- walking the tree
+
+    def _open_dir(self, parent: int, name: bytes, path: bytes) -> int:
+        """The directory name in parent, never through a symlink; writable by us."""
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                raise
+            st = _lstat(name, parent)
+            if st is not None and stat.S_ISLNK(st.st_mode):
+                raise self.refuse("IMG-SYMLINK-01", f"{_escape(path)} is a symlink; a layer "
+                                  "never writes through one") from None
+            raise self.refuse("IMG-TRAVERSAL-01", f"{_escape(path)} is not a directory") \
+                from None
+        if self.unprivileged:
+            # Unprivileged, the mode bits bind us too: open the directory up while the layer
+            # writes in it; _finish gives it its mode back.
+            mode = stat.S_IMODE(os.fstat(fd).st_mode)
+            if mode & 0o700 != 0o700:
+                self.dirs.setdefault(path, (mode, None))
+                os.fchmod(fd, mode | 0o700)
+        return fd
+
+    def _parent(self, dirs: list[bytes], create: bool) -> int | None:
+        """The fd of the directory dirs names, opened component by component from the
+        root (missing ones made, if create; else None). The chain of fds is kept for the
+        next entry: nothing a layer does removes an ancestor of the entry it applies."""
+        keep = 0
+        while keep < min(len(dirs), len(self.chain)) and self.chain[keep][0] == dirs[keep]:
+            keep += 1
+        for _, fd in self.chain[keep:]:
+            os.close(fd)
+        del self.chain[keep:]
+        for i in range(keep, len(dirs)):
+            parent = self.chain[-1][1] if self.chain else self.root
+            path = b"/".join(dirs[:i + 1])
+            if _lstat(dirs[i], parent) is None:
+                if not create:
+                    return None
+                os.mkdir(dirs[i], 0o700, dir_fd=parent)
+                fd = os.open(dirs[i], _DIR_FLAGS, dir_fd=parent)
+                self.chain.append((dirs[i], fd))
+                self._own_ids(fd, 0, 0)  # a parent the tar never named: root's, 0755
+                self.dirs[path] = (0o755, None)
+                self._add(path)
+                continue
+            self.chain.append((dirs[i], self._open_dir(parent, dirs[i], path)))
+        return self.chain[-1][1] if self.chain else self.root
+
+    def _reopen(self, parts: list[bytes]) -> int | None:
+        """A fresh fd of the directory parts names (the caller closes it), or None if a
+        component is missing, a symlink or not a directory. The current entry's chain of
+        fds stays as it is."""
+        fd = os.open(".", _DIR_FLAGS, dir_fd=self.root)
+        for part in parts:
+            try:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                    return None
+                raise
+            os.close(fd)
+            fd = nxt
+        return fd
+
+    def _add(self, path: bytes) -> None:
+        self.added.add(path)
+        while path:
+            path = path.rpartition(b"/")[0]
+            if path in self.holds:
+                break
+            self.holds.add(path)
+
+    # -- budget, owners, times
+
+    def _count_read(self, m: tarfile.TarInfo) -> None:
+        if m.isreg():
+            self.read += m.size
+            if self.read > self.budget.max_bytes:
+                raise self.refuse("IMG-BOMB-01", f"the layer's data exceeds "
+                                  f"max_bytes={self.budget.max_bytes}")
+
+    def _own_ids(self, fd: int, uid: int, gid: int) -> None:
+        if self.ids is not None:
+            try:
+                os.fchown(fd, *self.ids(uid, gid))
+            except OverflowError as exc:
+                raise self.refuse("IMG-TAR-01", f"owner out of range: {exc}") from None
+
+    def _own(self, fd: int, m: tarfile.TarInfo) -> None:
+        self._own_ids(fd, m.uid, m.gid)
+
+    def _mtime(self, m: tarfile.TarInfo) -> int:
+        mtime = m.mtime
+        if not isinstance(mtime, (int, float)) or not math.isfinite(mtime) \
+                or abs(mtime) > _MAX_MTIME:
+            raise self.refuse("IMG-TAR-01", f"mtime {mtime!r} out of range")
+        return int(mtime * 1_000_000_000)
+
+    # -- entries
+
+    def _clear(self, parent: int, name: bytes, path: bytes) -> None:
+        """Remove what is at name (a lower layer's, or an earlier entry's), fd-relative."""
+        st = _lstat(name, parent)
+        if st is None:
+            return
+        if stat.S_ISDIR(st.st_mode):
+            self._rmtree(parent, name, path)
+        else:
+            self._unlink(parent, name, st)
+
+    def _unlink(self, parent: int, name: bytes, st: os.stat_result) -> None:
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+            self.total -= st.st_size  # its last link: the bytes are freed
+        os.unlink(name, dir_fd=parent)
+
+    def _rmtree(self, parent: int, name: bytes, path: bytes) -> None:
+        """Remove the directory name and all below it, never following a link."""
+        fd = self._open_dir(parent, name, path)
+        stack = [(parent, name, path, fd, _names(fd))]
+        try:
+            while stack:
+                up, dname, dpath, dfd, names = stack[-1]
+                if not names:
+                    stack.pop()
+                    os.close(dfd)
+                    os.rmdir(dname, dir_fd=up)
+                    continue
+                child = names.pop()
+                st = _lstat(child, dfd)
+                if st is None:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    cpath = dpath + b"/" + child
+                    cfd = self._open_dir(dfd, child, cpath)
+                    stack.append((dfd, child, cpath, cfd, _names(cfd)))
+                else:
+                    self._unlink(dfd, child, st)
+        finally:
+            for _, _, _, dfd, _ in stack:
+                os.close(dfd)
+
+    def _ours(self, path: bytes) -> bool:
+        """Whether this layer made path, or something below it."""
+        return path in self.added or path in self.holds
+
+    def _remove_lower(self, parent: int, name: bytes, path: bytes) -> None:
+        """Remove what lower layers put at name, keeping what this layer made there (in
+        whatever order the tar has the whiteout and this layer's own entries)."""
+        st = _lstat(name, parent)
+        if st is None:
+            return
+        if not self._ours(path):
+            self._clear(parent, name, path)
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            return  # this layer's own entry
+        fd = self._open_dir(parent, name, path)
+        stack = [(fd, path, _names(fd))]
+        try:
+            while stack:
+                dfd, dpath, names = stack[-1]
+                if not names:
+                    stack.pop()
+                    os.close(dfd)
+                    continue
+                child = names.pop()
+                cpath = dpath + b"/" + child
+                st = _lstat(child, dfd)
+                if st is None:
+                    continue
+                if not self._ours(cpath):
+                    self._clear(dfd, child, cpath)
+                elif stat.S_ISDIR(st.st_mode):
+                    cfd = self._open_dir(dfd, child, cpath)
+                    stack.append((cfd, cpath, _names(cfd)))
+        finally:
+            for dfd, _, _ in stack:
+                os.close(dfd)
+
+    def _whiteout(self, m: tarfile.TarInfo, dirs: list[bytes], name: bytes) -> None:
+        if not m.isreg() or m.size:
+            raise self.refuse("IMG-WHITEOUT-01", "a whiteout must be an empty regular file")
+        if name == _OPAQUE:
+            if not dirs:
+                raise self.refuse("IMG-WHITEOUT-01", "an opaque marker at the root would "
+                                  "erase every lower layer")
+            target = None
+        else:
+            target = name[len(_WHITEOUT):]
+            if target in (b"", b".", b".."):
+                raise self.refuse("IMG-WHITEOUT-01", f"{_escape(name)} would erase its "
+                                  "parent directory")
+            if target.startswith(_WHITEOUT):
+                raise self.refuse("IMG-WHITEOUT-01", "a whiteout of a whiteout name (AUFS "
+                                  "metadata is allowed only at the root: "
+                                  ".wh..wh.plnk, .wh..wh.aufs, .wh..wh.orph)")
+        try:
+            parent = self._parent(dirs, create=False)
+        except LayerError as exc:
+            if exc.rule == "IMG-SYMLINK-01":
+                raise self.refuse("IMG-SYMLINK-01", f"a whiteout through a symlink: "
+                                  f"{exc.detail}") from None
+            raise
+        if parent is None:
+            return  # nothing there to delete
+        if target is not None:
+            self._remove_lower(parent, target, _join(dirs, target))
+            return
+        for child in _names(parent):
+            self._remove_lower(parent, child, _join(dirs, child))
+
+    def _file(self, tf: tarfile.TarFile, m: tarfile.TarInfo, dirs: list[bytes],
+              name: bytes) -> None:
+        budget = self.budget
+        if m.size > budget.max_file_size:
+            raise self.refuse("IMG-BOMB-01", f"a file of {m.size} bytes "
+                              f"(max_file_size={budget.max_file_size})")
+        self._count_read(m)
+        parent = self._parent(dirs, create=True)
+        self._clear(parent, name, _join(dirs, name))
+        if self.total + m.size > budget.max_bytes:
+            raise self.refuse("IMG-BOMB-01", f"the tree's files would exceed "
+                              f"max_bytes={budget.max_bytes}")
+        fd = os.open(name, _NEW_FILE_FLAGS, 0o600, dir_fd=parent)
+        try:
+            self.total += m.size
+            self._copy(tf, m, fd)
+            self._own(fd, m)
+            # IMG-SETUID-01: the permission bits only; chmod after chown, which clears them.
+            os.fchmod(fd, stat.S_IMODE(m.mode) & 0o777)
+            os.utime(fd, ns=(self._mtime(m),) * 2)
+        finally:
+            os.close(fd)
+        self._add(_join(dirs, name))
+
+    def _copy(self, tf: tarfile.TarFile, m: tarfile.TarInfo, fd: int) -> None:
+        """The member's data into fd, exactly m.size bytes, or a refusal."""
+        done = 0
+        try:
+            src = tf.extractfile(m)
+            while done < m.size:
+                n = src.readinto(self.buf[:min(_CHUNK, m.size - done)])
+                if not n:
+                    break
+                chunk = self.buf[:n]
+                while chunk:
+                    chunk = chunk[os.write(fd, chunk):]
+                done += n
+        except _TAR_ERRORS as exc:
+            raise self.refuse("IMG-TAR-01", f"its data: {exc}") from None
+        if done != m.size:
+            raise self.refuse("IMG-TAR-01", f"{done} bytes of data where the header says "
+                              f"{m.size}")
+
+    def _dir(self, m: tarfile.TarInfo, dirs: list[bytes], name: bytes) -> None:
+        parent = self._parent(dirs, create=True)
+        path = _join(dirs, name)
+        st = _lstat(name, parent)
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            if st is not None:
+                self._unlink(parent, name, st)
+            os.mkdir(name, 0o700, dir_fd=parent)
+        # else: a directory over a directory merges (OCI), taking this layer's metadata
+        fd = self._open_dir(parent, name, path)
+        try:
+            self._own(fd, m)
+        finally:
+            os.close(fd)
+        self.dirs[path] = (stat.S_IMODE(m.mode) & ~0o6000, self._mtime(m))
+        self._add(path)
+
+    def _symlink(self, m: tarfile.TarInfo, dirs: list[bytes], name: bytes) -> None:
+        target = os.fsencode(m.linkname)
+        if not target or b"\0" in target:
+            raise self.refuse("IMG-TRAVERSAL-01", "a symlink with an empty target or a NUL")
+        if len(target) > self.budget.max_path_bytes:
+            raise self.refuse("IMG-BOMB-01", f"a symlink target of {len(target)} bytes "
+                              f"(max_path_bytes={self.budget.max_path_bytes})")
+        mtime = self._mtime(m)
+        parent = self._parent(dirs, create=True)
+        self._clear(parent, name, _join(dirs, name))
+        # Kept as the image has it, absolute or not; nothing here ever follows it.
+        os.symlink(target, name, dir_fd=parent)
+        if self.ids is not None:
+            try:
+                os.chown(name, *self.ids(m.uid, m.gid), dir_fd=parent, follow_symlinks=False)
+            except OverflowError as exc:
+                raise self.refuse("IMG-TAR-01", f"owner out of range: {exc}") from None
+        os.utime(name, ns=(mtime, mtime), dir_fd=parent, follow_symlinks=False)
+        self._add(_join(dirs, name))
+
+    def _hardlink(self, m: tarfile.TarInfo, dirs: list[bytes], name: bytes) -> None:
+        raw = os.fsencode(m.linkname)
+        what = f"the hard link's target {_escape(raw)}"
+        tparts = self._parts(raw, "IMG-HARDLINK-01", what)
+        if not tparts:
+            raise self.refuse("IMG-HARDLINK-01", f"{what} is the root")
+        if tparts == [*dirs, name]:
+            raise self.refuse("IMG-HARDLINK-01", f"{what} is the link itself")
+        tparent = self._reopen(tparts[:-1])
+        if tparent is None:
+            raise self.refuse("IMG-HARDLINK-01", f"{what} is not in the tree (yet), or its "
+                              "path has a symlink or a non-directory (never followed)")
+        try:
+            st = _lstat(tparts[-1], tparent)
+            if st is None:
+                raise self.refuse("IMG-HARDLINK-01", f"{what} is not in the tree (yet)")
+            if not stat.S_ISREG(st.st_mode):
+                kind = "a directory" if stat.S_ISDIR(st.st_mode) else \
+                    "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+                raise self.refuse("IMG-HARDLINK-01", f"{what} is {kind}")
+            parent = self._parent(dirs, create=True)
+            self._clear(parent, name, _join(dirs, name))
+            # linkat without AT_SYMLINK_FOLLOW, from our fd of the target's directory.
+            os.link(tparts[-1], name, src_dir_fd=tparent, dst_dir_fd=parent,
+                    follow_symlinks=False)
+        finally:
+            os.close(tparent)
+        self._add(_join(dirs, name))
+
+    # -- before and after
+
+    def _measure(self) -> int:
+        """Bytes of the regular files already in the tree (each inode once)."""
+        total = 0
+        seen: set[int] = set()
+        stack = [os.open(".", _DIR_FLAGS, dir_fd=self.root)]
+        try:
+            while stack:
+                fd = stack.pop()
+                try:
+                    for child in _names(fd):
+                        st = _lstat(child, fd)
+                        if st is None:
+                            continue
+                        if stat.S_ISDIR(st.st_mode):
+                            stack.append(os.open(child, _DIR_FLAGS, dir_fd=fd))
+                        elif stat.S_ISREG(st.st_mode) and (st.st_nlink == 1 or
+                                                           st.st_ino not in seen):
+                            seen.add(st.st_ino)
+                            total += st.st_size
+                finally:
+                    os.close(fd)
+        finally:
+            for fd in stack:
+                os.close(fd)
+        return total
+
+    def _finish(self) -> None:
+        """Directories' modes and mtimes, deepest first: nothing is written in them now."""
+        for _, fd in self.chain:
+            os.close(fd)
+        self.chain.clear()
+        for path in sorted(self.dirs, key=lambda p: -p.count(b"/") - bool(p)):
+            mode, mtime = self.dirs[path]
+            fd = self._reopen(path.split(b"/") if path else [])
+            if fd is None:
+                continue  # replaced or whited out since
+            try:
+                os.fchmod(fd, mode)
+                if mtime is not None:
+                    os.utime(fd, ns=(mtime, mtime))
+            finally:
+                os.close(fd)
+
+
+def apply_layer(stream: BinaryIO, root_fd: int, *, budget: LayerBudget = LayerBudget(),
+                ids: Callable[[int, int], tuple[int, int]] | None = None) -> None:
+    """Apply one uncompressed layer tar read from stream (once, in order, as tarfile 'r|'
+    reads it) onto the tree whose root directory fd is root_fd; root_fd is not closed.
+
+    ids maps an entry's (uid, gid) to the host owner to chown it to (None: everything
+    stays the caller's own). Raises LayerError, naming the entry and the rule, for
+    anything the tar holds that the module docstring refuses; the tree is then partly
+    written: discard it. Reading stops at the tar's end-of-archive marker: a caller that
+    hashes the stream reads what follows itself.
+    """
+    layer = _Layer(root_fd, budget, ids)
+    try:
+        layer.run(stream)
+    finally:
+        layer.close()
+
+
+def manifest(root_fd: int) -> tuple[TreeEntry, ...]:
+    """Every path of the tree under root_fd, the root (".") first, then depth first with
+    names in byte order; measured with lstat, files read through O_NOFOLLOW fds whose
+    fstat must match. Raises LayerError (IMG-TREE-01) for anything that is not a file,
+    directory or symlink, or a file that changed while it was read."""
+    out: list[TreeEntry] = []
+    root = os.open(".", _DIR_FLAGS, dir_fd=root_fd)
+    st = os.fstat(root)
+    out.append(TreeEntry(".", "dir", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, 0,
+                         None, None))
+    stack: list[tuple[int, bytes, list[bytes]]] = [(root, b"", _names(root)[::-1])]
+    try:
+        while stack:
+            fd, dpath, names = stack[-1]
+            if not names:
+                stack.pop()
+                os.close(fd)
+                continue
+            name = names.pop()
+            path = dpath + b"/" + name if dpath else name
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            common = (_escape(path), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+            if stat.S_ISDIR(st.st_mode):
+                cfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                if os.fstat(cfd).st_ino != st.st_ino:
+                    os.close(cfd)
+                    raise LayerError(_escape(path), "IMG-TREE-01", "changed while measured")
+                stack.append((cfd, path, _names(cfd)[::-1]))
+                out.append(TreeEntry(common[0], "dir", *common[1:], 0, None, None))
+            elif stat.S_ISLNK(st.st_mode):
+                target = _escape(os.readlink(name, dir_fd=fd))
+                out.append(TreeEntry(common[0], "symlink", *common[1:], st.st_size, None,
+                                     target))
+            elif stat.S_ISREG(st.st_mode):
+                out.append(TreeEntry(common[0], "file", *common[1:], st.st_size,
+                                     _sha256(fd, name, path, st), None))
+            else:
+                raise LayerError(_escape(path), "IMG-TREE-01",
+                                 f"file type {stat.S_IFMT(st.st_mode):#o} in the tree")
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+    return tuple(out)
+
+
+def _sha256(dir_fd: int, name: bytes, path: bytes, st: os.stat_result) -> str:
+    fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    try:
+        if (os.fstat(fd).st_ino, os.fstat(fd).st_size) != (st.st_ino, st.st_size):
+            raise LayerError(_escape(path), "IMG-TREE-01", "changed while measured")
+        h = hashlib.sha256()
+        while chunk := os.read(fd, _CHUNK):
+            h.update(chunk)
+        return h.hexdigest()
+    finally:
+        os.close(fd)

@@ -1,0 +1,734 @@
+"""The content-addressed image store: verified blobs, read-only unpacked trees keyed by
+chain id, names, uses that keep gc away, and gc.
+
+    ROOT/blobs/sha256/<hex>        every blob, verified by sha256 as it was copied in
+    ROOT/trees/<chain-hex>@<ids>/  rootfs/ (the tree), manifest.jsonl, image.json
+    ROOT/locks/<chain-hex>@<ids>   the tree's lock: shared while used, exclusive for gc
+    ROOT/refs/<name>               a name given at import -> the image record (JSON)
+    ROOT/sources/<sha256>          the last import of a source ref -> the image record
+    ROOT/tmp/                      imports under way (a tree is built here, then renamed)
+    ROOT/store.lock                shared by imports, exclusive while gc removes blobs
+
+<ids> is the host id that the image's uid 0 is stored as: KAROTTE_UID_BASE for a root
+caller (ids below 65536 are shifted by it, as the sandbox maps them), `uid<N>` for an
+unprivileged caller N (who owns every file; the sandbox maps the caller to root).
+docs/images.md has the design and the threat model.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import hashlib
+import io
+import json
+import os
+import secrets
+import shutil
+import stat
+import subprocess
+import tarfile
+import time
+from dataclasses import dataclass
+from typing import IO, Any, BinaryIO, Callable, Iterator
+
+from ..userns import uid_base
+from . import oci
+from .extract import LayerBudget, TreeEntry, apply_layer, manifest
+from .oci import DigestMismatch, ImageError
+from .ref import ImageRef, parse, parse_name
+
+ENV_IMAGE_DIR = "KAROTTE_IMAGE_DIR"
+ROOT_IMAGE_DIR = "/var/lib/karotte/images"
+NOBODY = 65534
+_CHUNK = 1 << 20
+DEBIAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class ImageNotFound(ImageError):
+    """A name or source that the store holds no image for."""
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """What the image config says about how to run it (the OCI config's `config`)."""
+
+    env: tuple[str, ...] = ()  # "KEY=VALUE", in order
+    working_dir: str | None = None
+    user: str | None = None
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Image:
+    """An image in the store: its name (None: imported without one), where it came from,
+    its chain id, and the read-only tree a sandbox mounts as the lower of its overlay."""
+
+    name: str | None
+    source: str  # the image reference it was imported from, as text
+    chain_id: str  # "sha256:<hex>"
+    tree: str  # the tree's root directory (ROOT/trees/<key>/rootfs)
+    config: ImageConfig
+    config_digest: str
+    layers: tuple[str, ...]  # the layers' blob digests, in order
+    diff_ids: tuple[str, ...]
+    size: int  # bytes of the regular files in the tree
+    created: float  # when this name (or source) was recorded, seconds since the epoch
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What `Store.verify` found: the tree against its manifest. ok when problems is empty."""
+
+    chain_id: str
+    tree: str
+    entries: int
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass(frozen=True)
+class GcResult:
+    """What `Store.gc` removed, and what it left because a sandbox or an import held it."""
+
+    trees_removed: tuple[str, ...]
+    blobs_removed: tuple[str, ...]
+    bytes_freed: int
+    trees_in_use: tuple[str, ...]
+    blobs_skipped: bool  # an import was under way: no blob was removed this time
+
+
+def default_root() -> str:
+    """$KAROTTE_IMAGE_DIR; else /var/lib/karotte/images for root; else the XDG cache."""
+    if os.environ.get(ENV_IMAGE_DIR):
+        return os.environ[ENV_IMAGE_DIR]
+    if os.geteuid() == 0:
+        return ROOT_IMAGE_DIR
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "karotte", "images")
+
+
+def chain_ids(diff_ids: tuple[str, ...]) -> tuple[str, ...]:
+    """The OCI chain id after each layer: sha256(parent chain id + " " + diff_id)."""
+    out: list[str] = []
+    for diff_id in diff_ids:
+        out.append(diff_id if not out else
+                   "sha256:" + hashlib.sha256(f"{out[-1]} {diff_id}".encode()).hexdigest())
+    return tuple(out)
+
+
+class Store:
+    """The image store at root (default_root()); made on first use."""
+
+    def __init__(self, root: str | None = None, *, budget: LayerBudget | None = None):
+        self.root = os.path.abspath(root or default_root())
+        self.budget = budget or LayerBudget()
+        self.extractions = 0  # layers this object has unpacked (a cache hit unpacks none)
+        if os.geteuid() == 0:
+            base = uid_base()
+            self.ids_key = str(base)
+            self._ids: Callable[[int, int], tuple[int, int]] | None = (
+                lambda uid, gid: (base + (uid if uid < 65536 else NOBODY),
+                                  base + (gid if gid < 65536 else NOBODY)))
+        else:
+            self.ids_key, self._ids = f"uid{os.getuid()}", None
+
+    # -- layout ---------------------------------------------------------------------
+
+    def _path(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
+
+    def _tree_key(self, chain_id: str) -> str:
+        return f"{oci.digest_hex(chain_id, 'chain id')}@{self.ids_key}"
+
+    def _blob_path(self, digest: str) -> str:
+        return self._path("blobs", "sha256", oci.digest_hex(digest, "blob"))
+
+    def _ensure(self) -> None:
+        # trees/ and the root are searchable by all: a sandbox's init, under its own ids,
+        # must reach the lower tree it mounts. Blobs, names and imports under way are not.
+        for sub, mode in (("", 0o755), ("trees", 0o755), ("blobs/sha256", 0o700),
+                          ("locks", 0o700), ("refs", 0o700), ("sources", 0o700),
+                          ("tmp", 0o700)):
+            path = self._path(sub) if sub else self.root
+            try:
+                os.makedirs(path, mode=mode, exist_ok=True)
+            except OSError as exc:
+                raise ImageError(f"cannot make the image store at {self.root}: {exc.strerror}; "
+                                 f"set {ENV_IMAGE_DIR} to a directory you can write") from None
+
+    def _flock(self, path: str, kind: int) -> int | None:
+        """A fd of the lock file path under flock(kind); None where LOCK_NB found it taken."""
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, kind)
+            except BlockingIOError:
+                os.close(fd)
+                return None
+            try:
+                # gc unlinks a removed tree's lock: a lock on that old inode guards nothing.
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _lock(self, path: str, kind: int) -> Iterator[bool]:
+        """flock(kind) on the lock file path for the block; yields whether it was taken."""
+        fd = self._flock(path, kind)
+        try:
+            yield fd is not None
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def _hold(self, key: str, what: str) -> int:
+        """A shared lock on tree key, which is there: gc leaves it alone while it is held."""
+        fd = self._flock(self._path("locks", key), fcntl.LOCK_SH)
+        assert fd is not None
+        if not os.path.isdir(self._path("trees", key)):
+            os.close(fd)
+            raise ImageNotFound(f"the tree of {what} is gone from {self.root} (gc took it, "
+                                f"or it was removed by hand); import it again")
+        return fd
+
+    # -- import ---------------------------------------------------------------------
+
+    def import_image(self, ref: ImageRef | str, name: str | None = None) -> Image:
+        """Import ref into the store (a cache hit if its tree is here) and record it, under
+        name if given. Atomic: a failed import leaves nothing a name refers to."""
+        ref = parse(ref) if isinstance(ref, str) else ref
+        if name is not None:
+            parse_name(name)
+        if ref.kind in ("host", "name"):
+            raise ImageError(f"{str(ref)!r} is not an image source: import one of dir:, oci:, "
+                             f"oci-archive:, docker-archive:, debian:")
+        ref = _absolute(ref)
+        self._ensure()
+        with self._lock(self._path("store.lock"), fcntl.LOCK_SH):
+            if ref.kind == "debian":
+                record, held = self._debian(ref)
+            elif ref.kind == "dir":
+                record, held = self._dir(ref)
+            else:
+                with oci.open_source(ref) as source:
+                    record, held = self._from_source(source, oci.read_image(source, ref))
+            try:  # the tree stays held until a name refers to it: gc cannot take it between
+                record = {**record, "source": str(ref), "created": time.time()}
+                self._write_record(self._path("sources", _source_key(ref)), record)
+                if name is not None:
+                    self._write_record(self._path("refs", name), {**record, "name": name})
+            finally:
+                os.close(held)
+        return self._image(record, name)
+
+    def _from_source(self, source: oci.Source, image: oci.SourceImage) -> tuple[dict, int]:
+        config_digest = self._put_bytes(image.config, image.config_digest,
+                                        f"{source.label}: the config")
+        config = _config_json(image.config, source.label)
+        diff_ids = _diff_ids(config, len(image.layers), source.label)
+        chain_id = chain_ids(diff_ids)[-1]
+
+        def layers() -> Iterator[tuple[str, str]]:
+            for layer in image.layers:
+                with source.open(layer.where) as f:
+                    digest = self._put_blob(f, layer.digest, f"{source.label}: layer {layer.where}")
+                yield digest, layer.compression or "sniff"
+
+        return self._tree(chain_id, diff_ids, config_digest, layers)
+
+    def _tree(self, chain_id: str, diff_ids: tuple[str, ...], config_digest: str,
+              layers: Callable[[], Iterator[tuple[str, str]]]) -> tuple[dict, int]:
+        """The record of the tree for chain_id: found, or built from layers() (each yields a
+        blob in the store and its compression) under the tree's build lock; and the fd of
+        the tree's lock, held shared (the caller closes it)."""
+        key = self._tree_key(chain_id)
+        held = self._flock(self._path("locks", key), fcntl.LOCK_SH)
+        assert held is not None
+        try:
+            # One builder per tree: a second import of it waits here, then finds it built.
+            with self._lock(self._path("locks", key + ".build"), fcntl.LOCK_EX):
+                holder = self._path("trees", key)
+                if not os.path.isdir(holder):
+                    self._build(holder, chain_id, diff_ids, config_digest, layers)
+                with open(os.path.join(holder, "image.json")) as f:
+                    built = json.load(f)
+        except BaseException:
+            os.close(held)
+            raise
+        return {"chain_id": chain_id, "tree": key, "config_digest": config_digest,
+                "diff_ids": list(diff_ids), "layers": built["layers"],
+                "size": built["size"]}, held
+
+    def _build(self, holder: str, chain_id: str, diff_ids: tuple[str, ...],
+               config_digest: str, layers: Callable[[], Iterator[tuple[str, str]]]) -> None:
+        tmp = self._path("tmp", f"tree-{os.getpid()}-{secrets.token_hex(8)}")
+        os.mkdir(tmp, 0o700)
+        try:
+            os.mkdir(os.path.join(tmp, "rootfs"), 0o755)
+            root_fd = os.open(os.path.join(tmp, "rootfs"),
+                              os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                if self._ids is not None:
+                    os.fchown(root_fd, *self._ids(0, 0))  # the image's root owns its /
+                blobs = []
+                for (digest, compression), diff_id in zip(layers(), diff_ids, strict=True):
+                    self._apply(digest, compression, diff_id, root_fd)
+                    blobs.append(digest)
+                entries = manifest(root_fd)
+                os.fsync(root_fd)
+            finally:
+                os.close(root_fd)
+            _write_file(os.path.join(tmp, "manifest.jsonl"), _manifest_text(entries))
+            size = sum(e.size for e in entries if e.type == "file")
+            _write_file(os.path.join(tmp, "image.json"), json.dumps(
+                {"chain_id": chain_id, "diff_ids": list(diff_ids), "layers": blobs,
+                 "config_digest": config_digest, "size": size}, indent=1, sort_keys=True))
+            # Every file of the tree reaches the disk before the name of the tree does.
+            os.sync()
+            os.chmod(tmp, 0o755)
+            os.rename(tmp, holder)
+            _fsync_dir(os.path.dirname(holder))
+        except BaseException:
+            _remove(tmp)
+            raise
+
+    def _apply(self, digest: str, compression: str, diff_id: str, root_fd: int) -> None:
+        with open(self._blob_path(digest), "rb") as blob:
+            if compression == "sniff":
+                compression = oci.sniff(blob.read(4))
+                blob.seek(0)
+            with oci.uncompressed(blob, compression) as stream:
+                hashing = _Hashing(stream)
+                apply_layer(hashing, root_fd, budget=self.budget, ids=self._ids)
+                hashing.drain()  # the diff_id covers the tar's end blocks too
+        self.extractions += 1
+        if hashing.digest() != diff_id:
+            raise DigestMismatch(f"layer {digest} uncompressed does not match the config's "
+                                 f"diff_id", diff_id, hashing.digest())
+
+    def _put_blob(self, f: IO[bytes], expected: str | None, what: str) -> str:
+        """Copy f into blobs/, hashing as it goes; refuse it unless its sha256 is expected
+        (any digest, where expected is None). The blob's digest."""
+        if expected is not None and os.path.exists(self._blob_path(expected)):
+            return expected  # verified when it was copied in
+        tmp = self._path("tmp", f"blob-{os.getpid()}-{secrets.token_hex(8)}")
+        h = hashlib.sha256()
+        try:
+            with open(tmp, "xb") as out:
+                while chunk := f.read(_CHUNK):
+                    h.update(chunk)
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            actual = "sha256:" + h.hexdigest()
+            if expected is not None and actual != expected:
+                raise DigestMismatch(f"{what}: blob {expected}", expected, actual)
+            os.chmod(tmp, 0o444)
+            os.rename(tmp, self._blob_path(actual))
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return actual
+
+    def _put_bytes(self, data: bytes, expected: str | None, what: str) -> str:
+        actual = "sha256:" + hashlib.sha256(data).hexdigest()
+        if expected is not None and actual != expected:
+            raise DigestMismatch(f"{what}: blob {expected}", expected, actual)
+        if not os.path.exists(self._blob_path(actual)):
+            self._put_blob(io.BytesIO(data), actual, what)
+        return actual
+
+    def _adopt(self, tmp: str) -> str:
+        """Move the file tmp (made in the store's tmp/) into blobs/ under its sha256."""
+        h = hashlib.sha256()
+        with open(tmp, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+            os.fsync(f.fileno())
+        digest = "sha256:" + h.hexdigest()
+        os.chmod(tmp, 0o444)
+        os.rename(tmp, self._blob_path(digest))
+        return digest
+
+    def _dir(self, ref: ImageRef) -> tuple[dict, int]:
+        """dir:PATH: the tree is hashed, not trusted: written as one tar layer (links not
+        followed, in sorted order), which is then unpacked like any other."""
+        path = str(ref.path)
+        if not os.path.isdir(path):
+            raise ImageError(f"dir:{path} is not a directory; give the root of a tree")
+        tmp = self._path("tmp", f"dir-{os.getpid()}-{secrets.token_hex(8)}.tar")
+        try:
+            with tarfile.open(tmp, mode="x", format=tarfile.PAX_FORMAT) as tar:
+                for entry in sorted(os.listdir(path)):
+                    tar.add(os.path.join(path, entry), arcname=entry)
+            digest = self._adopt(tmp)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return self._one_layer(digest, {"Env": [f"PATH={DEBIAN_PATH}"]})
+
+    def _debian(self, ref: ImageRef) -> tuple[dict, int]:
+        """debian:SUITE+PKG,...: built by mmdebstrap, once per (suite, packages)."""
+        cached = self._read_record(self._path("sources", _source_key(ref)))
+        if cached is not None:
+            with contextlib.suppress(ImageNotFound):
+                return cached, self._hold(cached["tree"], str(ref))
+        mmdebstrap = shutil.which("mmdebstrap")
+        if mmdebstrap is None:
+            raise ImageError("debian: images are built by mmdebstrap, which is not installed: "
+                             "apt-get install mmdebstrap (scripts/setup installs it)")
+        tmp = self._path("tmp", f"debian-{os.getpid()}-{secrets.token_hex(8)}.tar")
+        argv = [mmdebstrap, "--quiet", "--variant=apt", "--skip=output/dev"]
+        if os.geteuid() == 0:
+            argv.append("--mode=unshare")  # maintainer scripts run as no host root
+        if ref.packages:
+            argv.append("--include=" + ",".join(ref.packages))
+        argv += [str(ref.suite), tmp]
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
+            if done.returncode != 0:
+                tail = done.stderr.decode(errors="replace").strip().splitlines()[-5:]
+                raise ImageError(f"mmdebstrap failed building {ref} (exit {done.returncode}): "
+                                 + " / ".join(tail) + "; check the suite and package names "
+                                 "and that Debian's archive is reachable")
+            digest = self._adopt(tmp)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return self._one_layer(digest, {"Env": [f"PATH={DEBIAN_PATH}"], "WorkingDir": "/"})
+
+    def _one_layer(self, digest: str, run: dict) -> tuple[dict, int]:
+        """The record of a one-layer image made here: an uncompressed tar, whose diff_id is
+        its blob digest, and a config written for it."""
+        config = json.dumps({"architecture": oci.host_arch(), "os": "linux", "config": run,
+                             "rootfs": {"type": "layers", "diff_ids": [digest]}},
+                            sort_keys=True).encode()
+        config_digest = self._put_bytes(config, None, "config")
+        return self._tree(digest, (digest,), config_digest,
+                          lambda: iter([(digest, "tar")]))
+
+    # -- records --------------------------------------------------------------------
+
+    def _write_record(self, path: str, record: dict) -> None:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        tmp = self._path("tmp", f"ref-{os.getpid()}-{secrets.token_hex(8)}")
+        _write_file(tmp, json.dumps(record, indent=1, sort_keys=True))
+        os.rename(tmp, path)
+        _fsync_dir(os.path.dirname(path))
+
+    def _read_record(self, path: str) -> dict | None:
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise ImageError(f"the image record {path} is unreadable ({exc}); remove it "
+                             f"and import the image again") from None
+
+    def _image(self, record: dict, name: str | None) -> Image:
+        with open(self._blob_path(record["config_digest"]), "rb") as f:
+            config = _config_json(f.read(oci.MAX_JSON), record["source"])
+        run = config.get("config") or {}
+        return Image(
+            name=name, source=record["source"], chain_id=record["chain_id"],
+            tree=self._path("trees", record["tree"], "rootfs"),
+            config=ImageConfig(env=tuple(run.get("Env") or ()),
+                               working_dir=run.get("WorkingDir") or None,
+                               user=run.get("User") or None,
+                               entrypoint=tuple(run.get("Entrypoint") or ()),
+                               cmd=tuple(run.get("Cmd") or ())),
+            config_digest=record["config_digest"], layers=tuple(record["layers"]),
+            diff_ids=tuple(record["diff_ids"]), size=record["size"],
+            created=record["created"])
+
+    def _record(self, ref: ImageRef | str) -> tuple[dict, str | None]:
+        ref = parse(ref) if isinstance(ref, str) else ref
+        if ref.kind == "host":
+            raise ImageError("'host' is the host's own userland, not an image in the store")
+        if ref.kind == "name":
+            record = self._read_record(self._path("refs", str(ref.name)))
+            if record is None:
+                raise ImageNotFound(f"no image named {ref.name!r} in {self.root}; import one "
+                                    f"with --name {ref.name} (names: "
+                                    f"{', '.join(i.name or '' for i in self.ls()) or 'none'})")
+            return record, ref.name
+        record = self._read_record(self._path("sources", _source_key(_absolute(ref))))
+        if record is None:
+            raise ImageNotFound(f"{ref} was not imported into {self.root}; import it first")
+        return record, None
+
+    # -- the public operations ----------------------------------------------------------
+
+    def open_image(self, ref_or_name: ImageRef | str) -> Image:
+        """The image of a name, or of a source ref (imported now if it is not here: a
+        cache hit when its tree is)."""
+        ref = parse(ref_or_name) if isinstance(ref_or_name, str) else ref_or_name
+        if ref.kind in ("name", "host"):
+            record, name = self._record(ref)
+            if not os.path.isdir(self._path("trees", record["tree"])):
+                raise ImageNotFound(f"the tree of {ref} is gone from {self.root} (removed by "
+                                    f"hand?); import it again from {record['source']}")
+            return self._image(record, name)
+        return self.import_image(ref)
+
+    @contextlib.contextmanager
+    def use(self, image: Image) -> Iterator[Image]:
+        """Hold image's tree for as long as the block runs: gc leaves it alone (a shared
+        flock on the tree's lock file, released when the block ends or the process dies)."""
+        fd = self._hold(os.path.basename(os.path.dirname(image.tree)),
+                        image.name or image.source)
+        try:
+            yield image
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def lease(self, ref_or_name: ImageRef | str) -> Iterator[Image]:
+        """open_image and use in one: the image, its tree held until the block ends."""
+        ref = parse(ref_or_name) if isinstance(ref_or_name, str) else ref_or_name
+        image = self.open_image(ref)
+        key = os.path.basename(os.path.dirname(image.tree))
+        try:
+            fd = self._hold(key, str(ref))
+        except ImageNotFound:
+            if ref.kind == "name":
+                raise
+            image = self.open_image(ref)  # gc took an unnamed tree just now: import again
+            fd = self._hold(os.path.basename(os.path.dirname(image.tree)), str(ref))
+        try:
+            yield image
+        finally:
+            os.close(fd)
+
+    def ls(self) -> tuple[Image, ...]:
+        """The named images, by name."""
+        refs = self._path("refs")
+        found = []
+        for dirpath, _, files in os.walk(refs):
+            for file in files:
+                name = os.path.relpath(os.path.join(dirpath, file), refs)
+                record = self._read_record(os.path.join(dirpath, file))
+                if record is not None:
+                    found.append(self._image(record, name))
+        return tuple(sorted(found, key=lambda i: i.name or ""))
+
+    def inspect(self, ref_or_name: ImageRef | str) -> Image:
+        """The image a name (or an imported source) refers to; imports nothing."""
+        record, name = self._record(ref_or_name)
+        return self._image(record, name)
+
+    def rm(self, name: str) -> None:
+        """Remove a name. Its tree and blobs stay until gc finds nothing else refers to them."""
+        parse_name(name)
+        path = self._path("refs", name)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            raise ImageNotFound(f"no image named {name!r} in {self.root}") from None
+        parent = os.path.dirname(path)
+        while parent != self._path("refs") and not os.listdir(parent):
+            os.rmdir(parent)
+            parent = os.path.dirname(parent)
+
+    def verify(self, ref_or_name: ImageRef | str) -> Verification:
+        """Walk the tree again and compare it with the manifest written when it was built."""
+        record, _ = self._record(ref_or_name)
+        holder = self._path("trees", record["tree"])
+        with open(os.path.join(holder, "manifest.jsonl")) as f:
+            expected = {e["path"]: e for e in map(json.loads, f)}
+        fd = os.open(os.path.join(holder, "rootfs"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            found = {e.path: dataclasses.asdict(e) for e in manifest(fd)}
+        finally:
+            os.close(fd)
+        problems = [f"{p}: missing" for p in sorted(expected.keys() - found.keys())]
+        problems += [f"{p}: not in the manifest" for p in sorted(found.keys() - expected.keys())]
+        for path in sorted(expected.keys() & found.keys()):
+            changed = [f"{k} {expected[path][k]!r} -> {found[path][k]!r}"
+                       for k in expected[path] if expected[path][k] != found[path].get(k)]
+            if changed:
+                problems.append(f"{path}: {', '.join(changed)}")
+        return Verification(record["chain_id"], os.path.join(holder, "rootfs"), len(found),
+                            tuple(problems))
+
+    def gc(self) -> GcResult:
+        """Remove the trees and blobs that no name refers to, except trees in use (their
+        lock held shared) and, while an import is under way, any blob."""
+        self._ensure()
+        removed, in_use, freed = [], [], 0
+        for key in sorted(os.listdir(self._path("trees"))):
+            if key in self._named()[0]:
+                continue
+            with self._lock(self._path("locks", key), fcntl.LOCK_EX | fcntl.LOCK_NB) as taken:
+                if not taken:
+                    in_use.append(key)
+                    continue
+                if key in self._named()[0]:  # named while we waited for nothing: keep it
+                    continue
+                doomed = self._path("tmp", f"gc-{key}-{secrets.token_hex(4)}")
+                os.rename(self._path("trees", key), doomed)  # gone for every later use
+                freed += _remove(doomed)
+                removed.append(key)
+                for path in (self._path("locks", key), self._path("locks", key + ".build")):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+        self._drop_sources()
+        blobs_removed: list[str] = []
+        with self._lock(self._path("store.lock"), fcntl.LOCK_EX | fcntl.LOCK_NB) as alone:
+            if alone:
+                keep = self._named()[1]
+                for hex_ in sorted(os.listdir(self._path("blobs", "sha256"))):
+                    if f"sha256:{hex_}" not in keep:
+                        path = self._path("blobs", "sha256", hex_)
+                        freed += os.stat(path).st_size
+                        os.unlink(path)
+                        blobs_removed.append(f"sha256:{hex_}")
+                for left in os.listdir(self._path("tmp")):  # no import runs: all leftovers
+                    freed += _remove(self._path("tmp", left))
+        return GcResult(tuple(removed), tuple(blobs_removed), freed, tuple(in_use), not alone)
+
+    def _named(self) -> tuple[set[str], set[str]]:
+        """The tree keys and the blob digests that names refer to."""
+        trees, blobs = set(), set()
+        refs = self._path("refs")
+        for dirpath, _, files in os.walk(refs):
+            for file in files:
+                record = self._read_record(os.path.join(dirpath, file))
+                if record is not None:
+                    trees.add(record["tree"])
+                    blobs.update([record["config_digest"], *record["layers"]])
+        return trees, blobs
+
+    def _drop_sources(self) -> None:
+        for file in os.listdir(self._path("sources")):
+            path = self._path("sources", file)
+            record = self._read_record(path)
+            if record is None or not os.path.isdir(self._path("trees", record["tree"])):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+
+
+class _Hashing:
+    """A read-only stream that hashes what passes through it."""
+
+    def __init__(self, stream: BinaryIO):
+        self._stream = stream
+        self._sha = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._stream.read(n)
+        self._sha.update(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def drain(self) -> None:
+        while self.read(_CHUNK):
+            pass
+
+    def digest(self) -> str:
+        return "sha256:" + self._sha.hexdigest()
+
+
+def _absolute(ref: ImageRef) -> ImageRef:
+    """ref with its path made absolute: the same source from any working directory."""
+    if ref.path is None:
+        return ref
+    return dataclasses.replace(ref, path=os.path.abspath(ref.path))
+
+
+def _source_key(ref: ImageRef) -> str:
+    return hashlib.sha256(str(ref).encode()).hexdigest()
+
+
+def _config_json(data: bytes, label: str) -> dict:
+    try:
+        config = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ImageError(f"{label}: the image config is not JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ImageError(f"{label}: the image config is not a JSON object")
+    return config
+
+
+def _diff_ids(config: dict, layers: int, label: str) -> tuple[str, ...]:
+    rootfs = config.get("rootfs")
+    diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
+    if not isinstance(diff_ids, list):
+        raise ImageError(f"{label}: the image config has no rootfs.diff_ids")
+    for diff_id in diff_ids:
+        oci.digest_hex(diff_id, f"{label}: a diff_id")
+    if len(diff_ids) != layers:
+        raise ImageError(f"{label}: the manifest lists {layers} layers but the config "
+                         f"{len(diff_ids)} diff_ids; the image is malformed")
+    if not diff_ids:
+        raise ImageError(f"{label}: the image has no layers (an empty root); add a layer")
+    return tuple(diff_ids)
+
+
+def _manifest_text(entries: tuple[TreeEntry, ...]) -> str:
+    return "".join(json.dumps(dataclasses.asdict(e), sort_keys=True) + "\n" for e in entries)
+
+
+def _write_file(path: str, text: str) -> None:
+    with open(path, "x") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove(path: str) -> int:
+    """Remove a tree that may hold directories without write or search permission (an
+    image's own modes); the bytes of the regular files it held."""
+    freed = 0
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return 0
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return st.st_size
+    for dirpath, dirnames, filenames in os.walk(path, topdown=True):
+        os.chmod(dirpath, 0o700)
+        for d in dirnames:
+            full = os.path.join(dirpath, d)
+            if not os.path.islink(full):
+                with contextlib.suppress(OSError):
+                    os.chmod(full, 0o700)
+        for f in filenames:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(dirpath, f))
+                if stat.S_ISREG(st.st_mode):
+                    freed += st.st_size
+    shutil.rmtree(path, onerror=_raise_unless_gone)
+    return freed
+
+
+def _raise_unless_gone(function: Callable, path: str, exc_info: Any) -> None:
+    exc = exc_info[1]
+    if not (isinstance(exc, OSError) and exc.errno == errno.ENOENT):
+        raise exc
