@@ -227,6 +227,10 @@ class _Layer:
         self.holds: set[bytes] = set()  # directories with something this layer made below
         self.dirs: dict[bytes, tuple[int, int | None]] = {}  # path: (mode, mtime ns) at end
         self.buf = memoryview(bytearray(_CHUNK))
+        mode = stat.S_IMODE(os.fstat(self.root).st_mode)
+        if self.unprivileged and mode & 0o700 != 0o700:  # as _open_up does below the root
+            self.dirs[b""] = (mode, None)
+            os.fchmod(self.root, mode | 0o700)
 
     def close(self) -> None:
         for _, fd in self.chain:
@@ -241,7 +245,10 @@ class _Layer:
     # -- the stream
 
     def run(self, stream: BinaryIO) -> None:
-        self.total = self._measure()
+        try:
+            self.total = self._measure()
+        except OSError as exc:
+            raise self.refuse("IMG-WRITE-01", f"measuring the tree: {exc.strerror}") from None
         try:
             tf = tarfile.open(fileobj=stream, mode="r|", tarinfo=_Header, encoding="utf-8",
                               errors="surrogateescape")
@@ -325,6 +332,11 @@ class _Layer:
         """The directory name in parent, never through a symlink; writable by us."""
         try:
             fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except PermissionError:
+            if not self.unprivileged:
+                raise
+            self._open_up(parent, name, path)
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
         except OSError as exc:
             if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
                 raise
@@ -334,14 +346,21 @@ class _Layer:
                                   "never writes through one") from None
             raise self.refuse("IMG-TRAVERSAL-01", f"{_escape(path)} is not a directory") \
                 from None
-        if self.unprivileged:
-            # Unprivileged, the mode bits bind us too: open the directory up while the layer
-            # writes in it; _finish gives it its mode back.
-            mode = stat.S_IMODE(os.fstat(fd).st_mode)
-            if mode & 0o700 != 0o700:
-                self.dirs.setdefault(path, (mode, None))
-                os.fchmod(fd, mode | 0o700)
+        if self.unprivileged and stat.S_IMODE(os.fstat(fd).st_mode) & 0o700 != 0o700:
+            self._open_up(parent, name, path)
         return fd
+
+    def _open_up(self, parent: int, name: bytes, path: bytes) -> None:
+        """Unprivileged, the mode bits bind us too: give a directory owner rwx while the
+        layer works in it; _finish gives it its mode back. By name, since a directory
+        without r cannot be opened: lstat shows a directory there, and nothing but this
+        layer writes in the tree, so there is no link to follow."""
+        st = _lstat(name, parent)
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            raise self.refuse("IMG-TRAVERSAL-01", f"{_escape(path)} is not a directory")
+        mode = stat.S_IMODE(st.st_mode)
+        self.dirs.setdefault(path, (mode, None))
+        os.chmod(name, mode | 0o700, dir_fd=parent)
 
     def _parent(self, dirs: list[bytes], create: bool) -> int | None:
         """The fd of the directory dirs names, opened component by component from the
@@ -648,17 +667,18 @@ class _Layer:
         """Bytes of the regular files already in the tree (each inode once)."""
         total = 0
         seen: set[int] = set()
-        stack = [os.open(".", _DIR_FLAGS, dir_fd=self.root)]
+        stack = [(os.open(".", _DIR_FLAGS, dir_fd=self.root), b"")]
         try:
             while stack:
-                fd = stack.pop()
+                fd, path = stack.pop()
                 try:
                     for child in _names(fd):
                         st = _lstat(child, fd)
                         if st is None:
                             continue
                         if stat.S_ISDIR(st.st_mode):
-                            stack.append(os.open(child, _DIR_FLAGS, dir_fd=fd))
+                            cpath = path + b"/" + child if path else child
+                            stack.append((self._open_dir(fd, child, cpath), cpath))
                         elif stat.S_ISREG(st.st_mode) and (st.st_nlink == 1 or
                                                            st.st_ino not in seen):
                             seen.add(st.st_ino)
@@ -666,7 +686,7 @@ class _Layer:
                 finally:
                     os.close(fd)
         finally:
-            for fd in stack:
+            for fd, _ in stack:
                 os.close(fd)
         return total
 

@@ -1,0 +1,562 @@
+"""karotte.images.extract: one OCI layer applied onto a tree, every layer hostile.
+
+Hostile layers are made here with tarfile, one test per attack (named after its id);
+the realistic test applies the layers of an image umoci made and compares the tree with
+umoci's own unpack of it. Every test checks that nothing outside the tree changed: a
+sentinel directory lies next to the root.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import random
+import shutil
+import stat
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from karotte.images.extract import (EXTENDED_HEADER_LIMIT, RULES, LayerBudget, LayerError,
+                                    TreeEntry, _escape, apply_layer, manifest)
+from karotte.scan import escape
+
+SECRET = b"the host's own file\n"
+
+
+# -- layers made with tarfile
+
+def reg(name: str, data: bytes = b"", mode: int = 0o644, **attrs) -> tuple:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), mode
+    for key, value in attrs.items():
+        setattr(info, key, value)
+    return info, data
+
+
+def folder(name: str, mode: int = 0o755, **attrs) -> tuple:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode = tarfile.DIRTYPE, mode
+    for key, value in attrs.items():
+        setattr(info, key, value)
+    return info, None
+
+
+def sym(name: str, target: str) -> tuple:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
+    return info, None
+
+
+def hard(name: str, target: str) -> tuple:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = tarfile.LNKTYPE, target
+    return info, None
+
+
+def node(name: str, kind: bytes) -> tuple:
+    info = tarfile.TarInfo(name)
+    info.type, info.devmajor, info.devminor = kind, 1, 3
+    return info, None
+
+
+def layer(*members: tuple, fmt: int = tarfile.PAX_FORMAT) -> io.BytesIO:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+        for info, data in members:
+            tar.addfile(info, None if data is None else io.BytesIO(data))
+    buf.seek(0)
+    return buf
+
+
+class Tree:
+    """A root directory to apply layers onto, and a sentinel directory next to it."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.path = base / "root"
+        self.outside = base / "outside"
+        self.path.mkdir()
+        self.outside.mkdir()
+        (self.outside / "secret").write_bytes(SECRET)
+        (self.outside / "x").write_bytes(SECRET)
+        self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+
+    def apply(self, *members: tuple, budget: LayerBudget = LayerBudget(), ids=None) -> None:
+        apply_layer(layer(*members), self.fd, budget=budget, ids=ids)
+
+    def refused(self, rule: str, *members: tuple, budget: LayerBudget = LayerBudget(),
+                ids=None) -> LayerError:
+        with pytest.raises(LayerError) as info:
+            self.apply(*members, budget=budget, ids=ids)
+        assert info.value.rule == rule, str(info.value)
+        return info.value
+
+    def untouched(self) -> None:
+        assert sorted(os.listdir(self.base)) == ["outside", "root"]
+        assert sorted(os.listdir(self.outside)) == ["secret", "x"]
+        assert (self.outside / "secret").read_bytes() == SECRET
+        assert (self.outside / "x").read_bytes() == SECRET
+
+    def listing(self) -> list[str]:
+        return [e.path for e in manifest(self.fd)]
+
+
+@pytest.fixture
+def tree(tmp_path):
+    t = Tree(tmp_path)
+    yield t
+    t.untouched()
+    os.close(t.fd)
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown to other owners, "
+                                "and to drop to an unprivileged user)")
+
+
+# -- IMG-TRAVERSAL-01
+
+@pytest.mark.parametrize("name", ["../outside/secret", "a/../../outside/secret",
+                                  "./../outside/secret", "/outside/secret", "//abs"])
+def test_IMG_TRAVERSAL_01_names_that_leave_the_root_are_refused(tree, name):
+    err = tree.refused("IMG-TRAVERSAL-01", folder("a"), reg(name, b"pwned"))
+    assert err.entry == name
+    assert name in str(err) and "IMG-TRAVERSAL-01" in str(err) and "image is refused" in str(err)
+
+
+def test_IMG_TRAVERSAL_01_a_file_where_a_directory_is_needed_is_refused(tree):
+    tree.refused("IMG-TRAVERSAL-01", reg("f", b"x"), reg("f/g", b"y"))
+
+
+def test_IMG_TRAVERSAL_01_a_root_entry_that_is_not_a_directory_is_refused(tree):
+    tree.refused("IMG-TRAVERSAL-01", sym(".", str(tree.outside)))
+
+
+# -- IMG-SYMLINK-01
+
+def test_IMG_SYMLINK_01_write_through_a_symlink_planted_by_an_earlier_entry(tree):
+    err = tree.refused("IMG-SYMLINK-01", sym("l", str(tree.outside)), reg("l/secret", b"pwned"))
+    assert err.entry == "l/secret"
+
+
+def test_IMG_SYMLINK_01_write_through_a_relative_symlink_deeper_down(tree):
+    tree.refused("IMG-SYMLINK-01", folder("a"), sym("a/up", "../../outside"),
+                 folder("a/up/new"))
+
+
+def test_IMG_SYMLINK_01_write_through_a_symlink_planted_by_an_earlier_layer(tree):
+    tree.apply(folder("etc"), sym("etc/l", str(tree.outside)))
+    tree.refused("IMG-SYMLINK-01", reg("etc/l/x", b"pwned"))
+    tree.refused("IMG-SYMLINK-01", sym("etc/l/new", "/"))
+
+
+def test_IMG_SYMLINK_01_an_entry_over_a_planted_symlink_replaces_the_link(tree):
+    tree.apply(sym("secret", str(tree.outside / "secret")), sym("d", str(tree.outside)))
+    tree.apply(reg("secret", b"mine"), folder("d"), reg("d/x", b"mine"))
+    assert (tree.path / "secret").read_bytes() == b"mine"
+    assert not (tree.path / "secret").is_symlink()
+    assert (tree.path / "d").is_dir() and not (tree.path / "d").is_symlink()
+    assert (tree.path / "d" / "x").read_bytes() == b"mine"
+
+
+def test_IMG_SYMLINK_01_absolute_symlink_targets_are_kept_and_never_followed(tree):
+    tree.apply(folder("etc"), sym("etc/localtime", "/usr/share/zoneinfo/UTC"),
+               sym("etc/host", str(tree.outside)))
+    assert os.readlink(tree.path / "etc/localtime") == "/usr/share/zoneinfo/UTC"
+    entries = {e.path: e for e in manifest(tree.fd)}
+    assert entries["etc/localtime"] == TreeEntry("etc/localtime", "symlink", 0o777, 0, 0, 23,
+                                                 None, "/usr/share/zoneinfo/UTC")
+    tree.refused("IMG-SYMLINK-01", reg("etc/host/secret", b"pwned"))
+
+
+# -- IMG-HARDLINK-01
+
+@pytest.mark.parametrize("target", ["../outside/secret", "/etc/passwd", "a/../../outside/x"])
+def test_IMG_HARDLINK_01_links_outside_the_tree_are_refused(tree, target):
+    tree.refused("IMG-HARDLINK-01", folder("a"), hard("a/l", target))
+    assert os.stat(tree.outside / "secret").st_nlink == 1
+
+
+def test_IMG_HARDLINK_01_a_link_through_a_planted_symlink_is_refused(tree):
+    tree.refused("IMG-HARDLINK-01", sym("l", str(tree.outside)), hard("pwn", "l/secret"))
+    assert os.stat(tree.outside / "secret").st_nlink == 1
+
+
+def test_IMG_HARDLINK_01_a_link_to_a_name_not_yet_extracted_is_refused(tree):
+    tree.refused("IMG-HARDLINK-01", hard("early", "late"), reg("late", b"x"))
+
+
+def test_IMG_HARDLINK_01_a_link_to_a_directory_or_a_symlink_is_refused(tree):
+    tree.refused("IMG-HARDLINK-01", folder("d"), hard("l", "d"))
+    tree.refused("IMG-HARDLINK-01", sym("s", str(tree.outside / "secret")), hard("l", "s"))
+    assert not (tree.path / "l").exists()
+
+
+def test_IMG_HARDLINK_01_a_link_to_a_file_of_this_or_a_lower_layer_shares_its_inode(tree):
+    tree.apply(reg("low", b"lower"))
+    tree.apply(reg("f", b"data"), hard("g", "f"), hard("h", "./low"))
+    assert os.stat(tree.path / "g").st_ino == os.stat(tree.path / "f").st_ino
+    assert os.stat(tree.path / "h").st_ino == os.stat(tree.path / "low").st_ino
+
+
+# -- IMG-DEVICE-01
+
+@pytest.mark.parametrize("kind", [tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.FIFOTYPE, b"Z"])
+def test_IMG_DEVICE_01_devices_fifos_and_unknown_types_are_refused(tree, kind):
+    err = tree.refused("IMG-DEVICE-01", folder("dev"), node("dev/null", kind))
+    assert err.entry == "dev/null"
+    assert not (tree.path / "dev" / "null").exists()
+
+
+# -- IMG-SETUID-01
+
+def test_IMG_SETUID_01_setuid_setgid_and_sticky_bits_are_stripped_not_refused(tree):
+    tree.apply(folder("bin"), reg("bin/su", b"x", 0o4755), reg("bin/sg", b"x", 0o2711),
+               reg("bin/st", b"x", 0o1644), folder("tmp", 0o1777), folder("g", 0o2775),
+               reg("ww", b"x", 0o666))
+    modes = {e.path: e.mode for e in manifest(tree.fd)}
+    assert modes["bin/su"] == 0o755 and modes["bin/sg"] == 0o711 and modes["bin/st"] == 0o644
+    assert modes["tmp"] == 0o1777  # a directory keeps its sticky bit
+    assert modes["g"] == 0o775
+    assert modes["ww"] == 0o666  # world-writable stays as the image says
+
+
+# -- IMG-XATTR-01
+
+def test_IMG_XATTR_01_no_xattr_of_the_layer_is_set(tree):
+    xattrs = {"SCHILY.xattr.security.capability": "\x01\x00\x00\x02",
+              "SCHILY.xattr.trusted.overlay.opaque": "y",
+              "SCHILY.xattr.user.overlay.redirect": "/etc",
+              "SCHILY.xattr.user.note": "hello"}
+    tree.apply(reg("f", b"x", pax_headers=xattrs), folder("d", pax_headers=xattrs))
+    for name in ("f", "d"):
+        assert os.listxattr(tree.path / name, follow_symlinks=False) == []
+
+
+# -- IMG-WHITEOUT-01
+
+def test_IMG_WHITEOUT_01_a_whiteout_deletes_the_lower_name_without_following_links(tree):
+    tree.apply(folder("etc"), reg("etc/gone", b"x"), folder("etc/dir"), reg("etc/dir/f", b"y"),
+               sym("etc/dir/out", str(tree.outside)), sym("etc/link", str(tree.outside)),
+               reg("etc/kept", b"z"))
+    tree.apply(reg("etc/.wh.gone"), reg("etc/.wh.dir"), reg("etc/.wh.link"),
+               reg("etc/.wh.never-there"), reg("nowhere/.wh.x"))
+    assert tree.listing() == [".", "etc", "etc/kept"]
+
+
+@pytest.mark.parametrize("marker_first", [True, False])
+def test_IMG_WHITEOUT_01_an_opaque_directory_keeps_only_this_layers_entries(tree, marker_first):
+    tree.apply(folder("o"), reg("o/a", b"lower"), folder("o/sub"), reg("o/sub/b", b"lower"),
+               reg("o/c", b"lower"))
+    marker = reg("o/.wh..wh..opq")
+    mine = [reg("o/c", b"upper"), folder("o/sub"), reg("o/sub/new", b"upper")]
+    tree.apply(*([marker, *mine] if marker_first else [*mine, marker]))
+    assert tree.listing() == [".", "o", "o/c", "o/sub", "o/sub/new"]
+    assert (tree.path / "o/c").read_bytes() == b"upper"
+
+
+@pytest.mark.parametrize("whiteout_first", [True, False])
+def test_IMG_WHITEOUT_01_a_whiteout_never_deletes_what_its_own_layer_adds(tree, whiteout_first):
+    tree.apply(reg("f", b"lower"), folder("d"), reg("d/lower", b"lower"))
+    whiteouts = [reg(".wh.f"), reg(".wh.d")]
+    mine = [reg("f", b"upper"), reg("d/upper", b"upper")]
+    tree.apply(*(whiteouts + mine if whiteout_first else mine + whiteouts))
+    assert tree.listing() == [".", "d", "d/upper", "f"]
+    assert (tree.path / "f").read_bytes() == b"upper"
+
+
+@pytest.mark.parametrize("name", [".wh.", ".wh..", ".wh...", "d/.wh..", "d/.wh...",
+                                  ".wh..wh..opq"])
+def test_IMG_WHITEOUT_01_whiteouts_of_the_parent_or_the_root_are_refused(tree, name):
+    tree.apply(folder("d"), reg("d/f", b"x"))
+    tree.refused("IMG-WHITEOUT-01", reg(name))
+    assert tree.listing() == [".", "d", "d/f"]
+
+
+def test_IMG_WHITEOUT_01_a_whiteout_through_a_planted_symlink_is_refused(tree):
+    tree.apply(sym("l", str(tree.outside)))
+    tree.refused("IMG-SYMLINK-01", reg("l/.wh.secret"))
+    tree.refused("IMG-SYMLINK-01", reg("l/.wh..wh..opq"))
+
+
+@pytest.mark.parametrize("member", [folder(".wh.x"), sym(".wh.x", "/"), reg(".wh.x", b"data"),
+                                    reg(".wh.d/f", b"x"), reg("d/.wh..wh.x")])
+def test_IMG_WHITEOUT_01_malformed_whiteouts_are_refused(tree, member):
+    tree.apply(reg("x", b"x"))
+    tree.refused("IMG-WHITEOUT-01", member)
+    assert tree.listing() == [".", "x"]
+
+
+def test_IMG_WHITEOUT_01_aufs_metadata_is_skipped_and_links_into_it_refused(tree):
+    tree.apply(folder(".wh..wh.plnk"), reg(".wh..wh.plnk/1234.5678", b"x"),
+               folder(".wh..wh.orph"), reg(".wh..wh.aufs"), reg("f", b"x"))
+    assert tree.listing() == [".", "f"]
+    tree.refused("IMG-HARDLINK-01", reg(".wh..wh.plnk/1.2", b"x"), hard("l", ".wh..wh.plnk/1.2"))
+
+
+# -- IMG-BOMB-01
+
+def test_IMG_BOMB_01_a_size_is_checked_from_the_header_before_its_data_is_read(tree):
+    info, _ = reg("big")
+    info.size = 1 << 30  # the stream holds a few bytes: the header lies, and is over budget
+    stream = layer((info, None))
+    with pytest.raises(LayerError) as err:
+        apply_layer(stream, tree.fd, budget=LayerBudget(max_file_size=1 << 20))
+    assert err.value.rule == "IMG-BOMB-01"
+    assert not (tree.path / "big").exists()
+
+
+def test_IMG_BOMB_01_the_trees_bytes_after_the_layer_are_bounded(tree):
+    budget = LayerBudget(max_bytes=1000)
+    tree.apply(reg("a", b"x" * 600), hard("a2", "a"), budget=budget)  # a link costs nothing
+    tree.refused("IMG-BOMB-01", reg("b", b"y" * 600), budget=budget)
+    tree.apply(reg(".wh.a"), reg(".wh.a2"), reg("b", b"y" * 600), budget=budget)  # freed
+    tree.apply(reg("b", b"z" * 900), budget=budget)  # a replaced file frees its bytes
+    tree.refused("IMG-BOMB-01", reg("c", b"w" * 101), budget=budget)
+
+
+@pytest.mark.parametrize("budget, members", [
+    (LayerBudget(max_entries=3), [reg(f"f{i}") for i in range(4)]),
+    (LayerBudget(max_depth=3), [reg("a/b/c/d")]),
+    (LayerBudget(max_path_bytes=64), [reg("n" * 65)]),
+    (LayerBudget(max_path_bytes=64), [sym("s", "t" * 65)]),
+    (LayerBudget(max_path_bytes=64), [reg("f"), hard("l", "./" + "/" * 63 + "f")]),
+    (LayerBudget(max_bytes=100), [reg(".wh..wh.plnk/1.1", b"x" * 101)]),  # skipped, still read
+])
+def test_IMG_BOMB_01_counts_depths_and_lengths_within_the_budget(tree, budget, members):
+    tree.refused("IMG-BOMB-01", *members, budget=budget)
+
+
+def test_IMG_BOMB_01_an_oversized_extended_header_is_refused_before_it_is_read(tree):
+    big = {"SCHILY.xattr.user.pad": "p" * (EXTENDED_HEADER_LIMIT + 1)}
+    tree.refused("IMG-TAR-01", reg("f", b"x", pax_headers=big))
+    assert not (tree.path / "f").exists()
+
+
+# -- IMG-TAR-01
+
+def test_IMG_TAR_01_a_truncated_layer_is_refused(tree):
+    data = layer(reg("f", b"x" * 5000)).getvalue()
+    with pytest.raises(LayerError) as err:
+        apply_layer(io.BytesIO(data[:2048]), tree.fd)
+    assert err.value.rule == "IMG-TAR-01" and err.value.entry == "f"
+
+
+def test_IMG_TAR_01_a_corrupt_header_mid_stream_is_refused_not_taken_for_the_end(tree):
+    data = bytearray(layer(reg("a", b"x"), reg("b", b"y"), fmt=tarfile.USTAR_FORMAT).getvalue())
+    data[1024 + 10] ^= 0xFF  # the name of b's header: its checksum no longer matches
+    with pytest.raises(LayerError) as err:
+        apply_layer(io.BytesIO(bytes(data)), tree.fd)
+    assert err.value.rule == "IMG-TAR-01" and err.value.entry == "a"
+
+
+def test_IMG_TAR_01_random_mutations_raise_only_layer_errors_and_stay_inside(tmp_path):
+    members = [folder("etc"), reg("etc/passwd", b"root:x:0:0\n" * 20, 0o4755),
+               sym("etc/localtime", "/usr/share/zoneinfo/UTC"), hard("etc/hl", "etc/passwd"),
+               folder("usr/lib", pax_headers={"SCHILY.xattr.user.a": "b"}),
+               reg("usr/lib/.wh.gone"), reg("usr/.wh..wh..opq"), sym("up", "../outside"),
+               reg("long/" + "n" * 150, b"z" * 700)]
+    good = layer(*members).getvalue()
+    with tarfile.open(fileobj=io.BytesIO(good)) as tar:
+        headers = [m.offset for m in tar.getmembers()] + [m.offset_data - 512
+                                                          for m in tar.getmembers()]
+    rng = random.Random(9)
+    for i in range(400):
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 6)):
+            at = rng.choice(headers) + rng.randrange(512) if rng.random() < 0.8 else \
+                rng.randrange(len(data))
+            data[at] = rng.choice([0, 0x2F, 0x2E, 0x30, 0x31, 0x32, 0x33, 0x35, 0x36, 0x37,
+                                   0xFF, rng.randrange(256)])
+            if rng.random() < 0.7:  # a header with its checksum fixed gets past tarfile
+                block = at - at % 512
+                data[block + 148:block + 156] = b" " * 8
+                data[block + 148:block + 156] = b"%06o\0 " % sum(data[block:block + 512])
+        base = tmp_path / str(i)
+        base.mkdir()
+        t = Tree(base)
+        try:
+            budget = LayerBudget(max_bytes=1 << 20, max_file_size=1 << 20)
+            apply_layer(io.BytesIO(bytes(data)), t.fd, budget=budget)
+        except LayerError:
+            pass
+        finally:
+            os.close(t.fd)
+        t.untouched()
+        shutil.rmtree(base)
+
+
+# -- what the tree holds, and how
+
+@needs_root
+def test_modes_owners_and_mtimes_come_from_the_tar(tree):
+    tree.apply(folder("ro", 0o555, mtime=1_000_000, uid=7, gid=8),
+               reg("ro/f", b"x", 0o640, mtime=2_000_000, uid=7, gid=8),
+               sym("ro/s", "/nowhere", ), folder("priv", 0o700),
+               ids=lambda uid, gid: (uid + 100_000, gid + 200_000))
+    st = os.stat(tree.path / "ro")
+    assert (stat.S_IMODE(st.st_mode), st.st_mtime, st.st_uid, st.st_gid) == \
+        (0o555, 1_000_000, 100_007, 200_008)  # set after its entries were written
+    st = os.stat(tree.path / "ro/f")
+    assert (stat.S_IMODE(st.st_mode), st.st_mtime, st.st_uid, st.st_gid) == \
+        (0o640, 2_000_000, 100_007, 200_008)
+    st = os.lstat(tree.path / "ro/s")
+    assert (st.st_uid, st.st_gid) == (100_000, 200_000)
+    assert stat.S_IMODE(os.stat(tree.path / "priv").st_mode) == 0o700
+
+
+def test_without_ids_everything_is_the_callers_own(tree):
+    tree.apply(folder("d", uid=7, gid=8), reg("d/f", b"x", uid=7, gid=8), sym("d/s", "f"))
+    assert {(e.uid, e.gid) for e in manifest(tree.fd)} == {(os.getuid(), os.getgid())}
+
+
+def test_a_directory_over_a_directory_merges_and_other_entries_replace(tree):
+    tree.apply(folder("d", 0o700), reg("d/lower", b"x"), folder("f"), reg("f/inner", b"x"),
+               reg("g", b"x"))
+    tree.apply(folder("d", 0o751), reg("f", b"file now"), folder("g"), reg("g/h", b"y"))
+    entries = {e.path: e for e in manifest(tree.fd)}
+    assert list(entries) == [".", "d", "d/lower", "f", "g", "g/h"]
+    assert entries["d"].mode == 0o751 and entries["f"].type == "file"
+
+
+def test_missing_parents_are_made_as_directories(tree):
+    tree.apply(reg("a/b/c", b"x"))
+    assert [(e.path, e.type, e.mode) for e in manifest(tree.fd)][1:] == [
+        ("a", "dir", 0o755), ("a/b", "dir", 0o755), ("a/b/c", "file", 0o644)]
+
+
+@needs_root
+def test_unprivileged_a_read_only_directory_still_takes_its_entries(tmp_path):
+    t = Tree(tmp_path)
+    os.chown(t.path, 65534, 65534)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child drops to nobody and applies two layers
+        os.close(read)
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            t.apply(folder(".", 0o555), folder("ro", 0o555), reg("ro/f", b"1"), folder("ro/sub", 0o500),
+                    reg("ro/sub/g", b"2"), folder("shut", 0o000), reg("shut/s", b"4"))
+            t.apply(reg("ro/h", b"3"), reg("ro/sub/.wh.g"))
+            os.write(write, b"ok")
+        except BaseException as exc:  # reported to the parent, which fails the test
+            os.write(write, str(exc).encode())
+        os._exit(0)
+    os.close(write)
+    report = os.read(read, 65536)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert report.decode() == "ok"
+    assert [(e.path, e.mode) for e in manifest(t.fd)] == [
+        (".", 0o555), ("ro", 0o555), ("ro/f", 0o644), ("ro/h", 0o644), ("ro/sub", 0o500), ("shut", 0),
+        ("shut/s", 0o644)]
+    t.untouched()
+    os.close(t.fd)
+
+
+def test_manifest_lists_every_path_in_order_and_refuses_what_a_tree_cannot_hold(tree):
+    tree.apply(folder("b"), reg("b/z", b"z"), reg("a", b"hello"), sym("c", "b/z"),
+               reg("b/\xe9\\\n", b""))
+    entries = manifest(tree.fd)
+    assert [e.path for e in entries] == [".", "a", "b", "b/z", "b/\xe9\\x5c\\x0a", "c"]
+    a = entries[1]
+    assert a == TreeEntry("a", "file", 0o644, os.getuid(), os.getgid(), 5,
+                          "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824",
+                          None)
+    os.mkfifo(tree.path / "b" / "fifo")
+    with pytest.raises(LayerError) as err:
+        manifest(tree.fd)
+    assert err.value.rule == "IMG-TREE-01" and err.value.entry == "b/fifo"
+
+
+def test_layer_error_names_entry_rule_and_detail_escaped():
+    err = LayerError(_escape(b"a\nb\xff"), "IMG-DEVICE-01", "a FIFO is not allowed")
+    assert err.entry == "a\\x0ab\\xff"
+    text = str(err)
+    assert "a\\x0ab\\xff" in text and "IMG-DEVICE-01" in text and "a FIFO" in text
+    assert "image is refused" in text
+    assert set(RULES) >= {"IMG-TRAVERSAL-01", "IMG-SYMLINK-01", "IMG-HARDLINK-01",
+                          "IMG-DEVICE-01", "IMG-WHITEOUT-01", "IMG-BOMB-01", "IMG-TAR-01"}
+
+
+@pytest.mark.parametrize("raw", [b"plain/path", b"a\\b", b"\xe9t\xc3\xa9", b"\x00\x7f\n",
+                                 "\u202e".encode(), b"\xf0\x9f\x90\x8d", b"\xed\xa0\x80"])
+def test_escape_is_the_form_of_karotte_scan(raw):
+    assert _escape(raw) == escape(raw)
+
+
+# -- a real image, made by umoci
+
+def _umoci(*args: str, cwd: Path) -> None:
+    subprocess.run(["umoci", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _layers(layout: Path, tag: str) -> list[Path]:
+    index = json.loads((layout / "index.json").read_text())
+    digest = next(m["digest"] for m in index["manifests"]
+                  if m["annotations"]["org.opencontainers.image.ref.name"] == tag)
+    image = json.loads((layout / "blobs/sha256" / digest.split(":")[1]).read_text())
+    return [layout / "blobs/sha256" / d["digest"].split(":")[1] for d in image["layers"]]
+
+
+@pytest.mark.skipif(shutil.which("umoci") is None, reason="umoci is not installed")
+def test_an_image_made_by_umoci_extracts_as_umoci_unpacks_it(tmp_path):
+    _umoci("init", "--layout", "L", cwd=tmp_path)
+    _umoci("new", "--image", "L:t", cwd=tmp_path)
+    _umoci("unpack", "--rootless", "--image", "L:t", "B1", cwd=tmp_path)
+    rootfs = tmp_path / "B1/rootfs"
+    (rootfs / "etc/alternatives").mkdir(parents=True)
+    (rootfs / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (rootfs / "etc/gone").write_text("deleted by layer 2\n")
+    (rootfs / "etc/alternatives/py").symlink_to("/usr/bin/python3.11")
+    os.symlink("/usr/share/zoneinfo/UTC", rootfs / "etc/localtime")
+    (rootfs / "usr/bin").mkdir(parents=True)
+    (rootfs / "usr/bin/tool").write_bytes(os.urandom(70_000))
+    (rootfs / "usr/bin/tool").chmod(0o755)
+    os.link(rootfs / "usr/bin/tool", rootfs / "usr/bin/tool-again")
+    (rootfs / "tmp").mkdir()
+    (rootfs / "tmp").chmod(0o1777)
+    (rootfs / "opt/deep/er").mkdir(parents=True)
+    (rootfs / "opt/deep/er/f ü").write_text("x")
+    (rootfs / "srv").mkdir(mode=0o700)
+    _umoci("repack", "--image", "L:t", "B1", cwd=tmp_path)
+    _umoci("unpack", "--rootless", "--image", "L:t", "B2", cwd=tmp_path)
+    rootfs = tmp_path / "B2/rootfs"
+    (rootfs / "etc/gone").unlink()
+    shutil.rmtree(rootfs / "opt/deep")
+    (rootfs / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (rootfs / "srv/new").write_text("layer 2")
+    (rootfs / "etc/alternatives/py").unlink()
+    (rootfs / "etc/alternatives/py").mkdir()
+    _umoci("repack", "--image", "L:t", "B2", cwd=tmp_path)
+
+    blobs = _layers(tmp_path / "L", "t")
+    assert len(blobs) == 2
+    with gzip.open(blobs[1]) as f, tarfile.open(fileobj=f, mode="r|") as tar:
+        names = [m.name for m in tar]
+    assert "etc/.wh.gone" in names and "opt/.wh.deep" in names  # the real whiteout format
+
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    fd = os.open(ours, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for blob in blobs:
+            with gzip.open(blob) as stream:
+                apply_layer(stream, fd)
+        got = manifest(fd)
+    finally:
+        os.close(fd)
+    _umoci("raw", "unpack", "--rootless", "--image", "L:t", "theirs", cwd=tmp_path)
+    fd = os.open(tmp_path / "theirs", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        want = manifest(fd)
+    finally:
+        os.close(fd)
+    assert got == want
+    paths = [e.path for e in got]
+    assert "etc/gone" not in paths and "opt/deep" not in paths and "srv/new" in paths
