@@ -6,6 +6,7 @@ agent's program, so this module must import nothing that needs the native layer.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 # Why an episode ended, the closed set of Outcome.reason (listed for users in
@@ -59,6 +60,23 @@ class ExecResult:
 def json_size(text: str) -> int:
     """Bytes of text's JSON form, as json.dumps writes it (ASCII, quotes included)."""
     return len(json.dumps(text))
+
+
+_PLAIN = re.compile(rb"[\x20-\x5b\x5d-\x7e]*")  # printable ASCII except the backslash
+
+
+def escape(raw: bytes) -> str:
+    r"""A path as safe text for logs: printable UTF-8 stays, every other byte (control
+    characters, invalid UTF-8, the backslash itself) becomes \xNN. One form per path."""
+    if _PLAIN.fullmatch(raw):
+        return raw.decode("ascii")
+    out = []
+    for ch in raw.decode("utf-8", "surrogateescape"):
+        if ch != "\\" and ch.isprintable():  # lone surrogates (bad bytes) are not printable
+            out.append(ch)
+        else:
+            out.extend(f"\\x{b:02x}" for b in ch.encode("utf-8", "surrogateescape"))
+    return "".join(out)
 
 
 def capped(text: str, limit: int) -> str:

@@ -32,13 +32,12 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import stat
 import time
 from typing import AnyStr, Sequence
 
 from .errors import KarotteError
-from .results import VIOLATION_KINDS, ScannedFile, ScanResult, Violation, capped
+from .results import VIOLATION_KINDS, ScannedFile, ScanResult, Violation, capped, escape
 from .spec import KiB, MiB, ScanLimits
 
 __all__ = [
@@ -100,23 +99,6 @@ def relation(path: AnyStr, deliverable: AnyStr) -> str | None:
     if path.startswith(deliverable + sep):
         return "inside"
     return None
-
-
-_PLAIN = re.compile(rb"[\x20-\x5b\x5d-\x7e]*")  # printable ASCII except the backslash
-
-
-def escape(raw: bytes) -> str:
-    r"""A path as safe text for logs: printable UTF-8 stays, every other byte (control
-    characters, invalid UTF-8, the backslash itself) becomes \xNN. One form per path."""
-    if _PLAIN.fullmatch(raw):
-        return raw.decode("ascii")
-    out = []
-    for ch in raw.decode("utf-8", "surrogateescape"):
-        if ch != "\\" and ch.isprintable():  # lone surrogates (bad bytes) are not printable
-            out.append(ch)
-        else:
-            out.extend(f"\\x{b:02x}" for b in ch.encode("utf-8", "surrogateescape"))
-    return "".join(out)
 
 
 def _reported(raw: bytes) -> str:

@@ -58,14 +58,13 @@ import errno
 import hashlib
 import math
 import os
-import re
 import stat
 import tarfile
 from dataclasses import dataclass
 from typing import BinaryIO, Callable
 
 from ..errors import KarotteError
-from ..results import capped
+from ..results import capped, escape
 
 __all__ = ["LayerError", "LayerBudget", "TreeEntry", "RULES", "EXTENDED_HEADER_LIMIT",
            "apply_layer", "manifest"]
@@ -106,7 +105,7 @@ _MAX_MTIME = 9 * 10**9  # seconds: what a signed 64-bit count of nanoseconds hol
 
 class LayerError(KarotteError):
     """A layer entry refused. ``entry`` is its path as the tar names it, escaped (as
-    karotte.scan.escape does); ``rule`` the attack id of RULES it broke; ``detail`` what
+    karotte.results.escape does); ``rule`` the attack id of RULES it broke; ``detail`` what
     was found. The image is refused as a whole."""
 
     def __init__(self, entry: str, rule: str, detail: str):
@@ -128,7 +127,7 @@ class LayerBudget:
 @dataclass(frozen=True)
 class TreeEntry:
     """One path of the final tree, as manifest measures it (never following a link).
-    ``path`` is relative to the root ("." is the root) and escaped as karotte.scan.escape
+    ``path`` is relative to the root ("." is the root) and escaped as karotte.results.escape
     does, as is ``target``; ``mode`` the permission bits (S_IMODE); ``size`` 0 for a
     directory, the target's length for a symlink."""
     path: str
@@ -139,23 +138,6 @@ class TreeEntry:
     size: int
     sha256: str | None  # files only
     target: str | None  # symlinks only, kept as is, never followed
-
-
-_PLAIN = re.compile(rb"[\x20-\x5b\x5d-\x7e]*")  # printable ASCII except the backslash
-
-
-def _escape(raw: bytes) -> str:
-    r"""karotte.scan.escape's form (tests hold the two equal): printable UTF-8 stays, every
-    other byte becomes \xNN. images sits below scan in the layers, so it cannot import it."""
-    if _PLAIN.fullmatch(raw):
-        return raw.decode("ascii")
-    out = []
-    for ch in raw.decode("utf-8", "surrogateescape"):
-        if ch != "\\" and ch.isprintable():
-            out.append(ch)
-        else:
-            out.extend(f"\\x{b:02x}" for b in ch.encode("utf-8", "surrogateescape"))
-    return "".join(out)
 
 
 class _Corrupt(Exception):
@@ -239,7 +221,7 @@ class _Layer:
         os.close(self.root)
 
     def refuse(self, rule: str, detail: str) -> LayerError:
-        return LayerError(capped(_escape(self.raw), _ENTRY_TEXT_LIMIT) if self.raw else
+        return LayerError(capped(escape(self.raw), _ENTRY_TEXT_LIMIT) if self.raw else
                           "(the layer's first header)", rule, detail)
 
     # -- the stream
@@ -342,9 +324,9 @@ class _Layer:
                 raise
             st = _lstat(name, parent)
             if st is not None and stat.S_ISLNK(st.st_mode):
-                raise self.refuse("IMG-SYMLINK-01", f"{_escape(path)} is a symlink; a layer "
+                raise self.refuse("IMG-SYMLINK-01", f"{escape(path)} is a symlink; a layer "
                                   "never writes through one") from None
-            raise self.refuse("IMG-TRAVERSAL-01", f"{_escape(path)} is not a directory") \
+            raise self.refuse("IMG-TRAVERSAL-01", f"{escape(path)} is not a directory") \
                 from None
         if self.unprivileged and stat.S_IMODE(os.fstat(fd).st_mode) & 0o700 != 0o700:
             self._open_up(parent, name, path)
@@ -357,7 +339,7 @@ class _Layer:
         layer writes in the tree, so there is no link to follow."""
         st = _lstat(name, parent)
         if st is None or not stat.S_ISDIR(st.st_mode):
-            raise self.refuse("IMG-TRAVERSAL-01", f"{_escape(path)} is not a directory")
+            raise self.refuse("IMG-TRAVERSAL-01", f"{escape(path)} is not a directory")
         mode = stat.S_IMODE(st.st_mode)
         self.dirs.setdefault(path, (mode, None))
         os.chmod(name, mode | 0o700, dir_fd=parent)
@@ -531,7 +513,7 @@ class _Layer:
         else:
             target = name[len(_WHITEOUT):]
             if target in (b"", b".", b".."):
-                raise self.refuse("IMG-WHITEOUT-01", f"{_escape(name)} would erase its "
+                raise self.refuse("IMG-WHITEOUT-01", f"{escape(name)} would erase its "
                                   "parent directory")
             if target.startswith(_WHITEOUT):
                 raise self.refuse("IMG-WHITEOUT-01", "a whiteout of a whiteout name (AUFS "
@@ -634,7 +616,7 @@ class _Layer:
 
     def _hardlink(self, m: tarfile.TarInfo, dirs: list[bytes], name: bytes) -> None:
         raw = os.fsencode(m.linkname)
-        what = f"the hard link's target {_escape(raw)}"
+        what = f"the hard link's target {escape(raw)}"
         tparts = self._parts(raw, "IMG-HARDLINK-01", what)
         if not tparts:
             raise self.refuse("IMG-HARDLINK-01", f"{what} is the root")
@@ -747,23 +729,23 @@ def manifest(root_fd: int) -> tuple[TreeEntry, ...]:
             name = names.pop()
             path = dpath + b"/" + name if dpath else name
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            common = (_escape(path), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+            common = (escape(path), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
             if stat.S_ISDIR(st.st_mode):
                 cfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
                 if os.fstat(cfd).st_ino != st.st_ino:
                     os.close(cfd)
-                    raise LayerError(_escape(path), "IMG-TREE-01", "changed while measured")
+                    raise LayerError(escape(path), "IMG-TREE-01", "changed while measured")
                 stack.append((cfd, path, _names(cfd)[::-1]))
                 out.append(TreeEntry(common[0], "dir", *common[1:], 0, None, None))
             elif stat.S_ISLNK(st.st_mode):
-                target = _escape(os.readlink(name, dir_fd=fd))
+                target = escape(os.readlink(name, dir_fd=fd))
                 out.append(TreeEntry(common[0], "symlink", *common[1:], st.st_size, None,
                                      target))
             elif stat.S_ISREG(st.st_mode):
                 out.append(TreeEntry(common[0], "file", *common[1:], st.st_size,
                                      _sha256(fd, name, path, st), None))
             else:
-                raise LayerError(_escape(path), "IMG-TREE-01",
+                raise LayerError(escape(path), "IMG-TREE-01",
                                  f"file type {stat.S_IFMT(st.st_mode):#o} in the tree")
     finally:
         for fd, _, _ in stack:
@@ -775,7 +757,7 @@ def _sha256(dir_fd: int, name: bytes, path: bytes, st: os.stat_result) -> str:
     fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
     try:
         if (os.fstat(fd).st_ino, os.fstat(fd).st_size) != (st.st_ino, st.st_size):
-            raise LayerError(_escape(path), "IMG-TREE-01", "changed while measured")
+            raise LayerError(escape(path), "IMG-TREE-01", "changed while measured")
         h = hashlib.sha256()
         while chunk := os.read(fd, _CHUNK):
             h.update(chunk)
