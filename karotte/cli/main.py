@@ -3,6 +3,7 @@
     karotte create-env NAME                 a new environment project, tested and checked
     karotte run ENV [-n N] [--seed S] [--concurrency K] [--agent FILE] [--json] [--out FILE]
     karotte check ENV [--json]              reference, null agent and the attack battery
+    karotte image import|build|ls|inspect|verify|rm|gc   the images tasks run on
 
 ENV is a module holding one Environment (karotte.examples.q3_revenue) or module:Name.
 The current directory is on the import path, so a freshly created project works as is.
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .. import __version__
+from . import image as image_cli
 
 EXIT_INFRA = 1
 EXIT_USAGE = 2
@@ -434,6 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.set_defaults(func=cmd_redteam)
+
+    image_cli.add_parser(sub)
     return parser
 
 
