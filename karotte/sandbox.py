@@ -77,11 +77,13 @@ def _write_proc(pid: int, name: str, text: str) -> None:
 
 
 _OVERLAY_STEPS = ("overlay-lower", "overlay-upper", "overlay")
+# What a tree the caller named, not the kernel, is to blame for: a plain SandboxError.
+_TREE_ERRNOS = (errno.EACCES, errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG)
 
 
 def _setup_error(reply: p.Reply) -> SandboxError | HostUnsupported:
     err = reply.u32(p.T_ERRNO)
-    if reply.step in _OVERLAY_STEPS:
+    if reply.step in _OVERLAY_STEPS and err not in _TREE_ERRNOS:
         return imageroot.overlay_unsupported(reply.text(p.T_WHAT), err, os.uname().release)
     hint = steps.step(reply.step).hint(err)
     return SandboxError(f"sandbox setup failed at '{reply.text(p.T_WHAT)}': {os.strerror(err)}"
