@@ -28,7 +28,8 @@ struct kp_record {
 /* host -> init */
 enum {
     KP_GO = 4,     /* to the spawned child, before exec: maps and cgroup are in place */
-    KP_CONFIG = 1, /* the sandbox plan, init's first message */
+    KP_CONFIG = 1, /* the sandbox plan, init's first message; on an image, from a root
+                      caller, the image's tree attached: a detached idmapped mount (KM_OVERLAY) */
     KP_EXEC = 2,   /* run a command as the agent; fds stdin, stdout, stderr attached,
                       or none with KT_TTY: init then makes a pty for it */
     KP_SIGNAL = 3, /* signal an exec's process group: record KT_SIGNAL */
@@ -112,7 +113,10 @@ enum kp_step {
     KS_SYMLINK = 59,
     KS_DIR = 60,  /* KM_DIR's owner or mode */
     KS_FILE = 61, /* KM_FILE's create, write or mode */
-    KS_MOUNT_OP = 62, /* an unknown KM_* operation */
+    KS_MOUNT_OP = 62, /* an unknown KM_* operation, or KM_OVERLAY not first */
+    KS_OVERLAY_LOWER = 63, /* the image's tree as the lower: moved into place, or bound */
+    KS_OVERLAY_UPPER = 64, /* the tmpfs of the upper and work directories */
+    KS_OVERLAY = 65,       /* the overlay mount of the root */
     /* setup: the network (csrc/init/net.c) */
     KS_LOOPBACK = 70,
     /* exec: the request (csrc/init/serve.c) */
@@ -146,6 +150,9 @@ enum {
     KM_SYMLINK = 5, /* symlink dst -> src */
     KM_DIR = 6,     /* mkdir dst with mode, uid, gid */
     KM_FILE = 7,    /* file dst with content src (len in size), mode */
+    KM_OVERLAY = 8, /* the root (dst /), first of the plan: an overlay whose lower is the tree
+                       src (read-only, nosuid, nodev; the attached idmapped mount if the
+                       config has one), upper and work on a tmpfs of size and inodes */
 };
 
 #define KMF_RDONLY 0x1 /* read-only */

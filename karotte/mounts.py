@@ -3,7 +3,9 @@
 Everything is a fresh tmpfs or a read-only bind of the host's userland, described in
 rootfs/. Every mount is nosuid and nodev except the single device-node binds under
 /dev and the private devpts (nosuid, noexec); nothing of the host is visible that is
-not listed here.
+not listed here. On an image (SandboxSpec.image) the root is an overlay of the image's
+tree instead, and nothing of the host's userland or /etc is there
+(docs/image-sandbox.md).
 """
 from __future__ import annotations
 
@@ -96,9 +98,13 @@ def _copy_public(src: str, dst: str) -> None:
         os.chmod(dst, 0o755 if st.st_mode & stat.S_IXOTH else 0o644)
 
 
-def add_mount_plan(msg: p.Message, spec: SandboxSpec, agent_uid: int, agent_gid: int) -> None:
-    """Append the mount plan to a CONFIG message. Owner ids are as seen by init."""
-    rootfs = default_rootfs()
+def add_mount_plan(msg: p.Message, spec: SandboxSpec, agent_uid: int, agent_gid: int,
+                   tree: str | None = None) -> None:
+    """Append the mount plan to a CONFIG message. Owner ids are as seen by init. tree: the
+    image's tree (karotte/imageroot.py), or None for the host's userland."""
+    if tree is not None:
+        _add_image_plan(msg, spec, agent_uid, agent_gid, tree)
+        return
     for kind, path, target in _userland_ops():
         if kind == "symlink":
             msg.mount(p.M_SYMLINK, path, target)
@@ -113,7 +119,15 @@ def add_mount_plan(msg: p.Message, spec: SandboxSpec, agent_uid: int, agent_gid:
 
     # /dev: in the read-only root, binds of a few harmless character devices. (Not a
     # tmpfs of its own: each superblock costs the kernel memory in every memory cgroup.)
-    for dev in rootfs.devices:
+    _add_devices(msg, spec)
+    _add_writable(msg, spec, agent_uid, agent_gid)
+    msg.mount(p.M_DIR, "/root", mode=0o700)
+    _add_binds(msg, spec, _hidden_by_binds())
+
+
+def _add_devices(msg: p.Message, spec: SandboxSpec) -> None:
+    """/dev's device-node binds, devpts, /dev/shm and the fd links; then /proc."""
+    for dev in default_rootfs().devices:
         msg.mount(p.M_BIND, f"/dev/{dev}", f"/dev/{dev}", flags=p.MF_DEV)
     msg.mount(p.M_DEVPTS, "/dev/pts")
     msg.mount(p.M_TMPFS, "/dev/shm", "", mode=0o1777, size=spec.tmp_size, inodes=4096)
@@ -122,6 +136,35 @@ def add_mount_plan(msg: p.Message, spec: SandboxSpec, agent_uid: int, agent_gid:
         msg.mount(p.M_SYMLINK, f"/dev/{name}", target)
     msg.mount(p.M_PROC, "/proc")
 
+
+def _add_binds(msg: p.Message, spec: SandboxSpec, hidden: dict[str, str]) -> None:
+    for bind in spec.binds:
+        _check_bind(bind, spec.hostname, hidden)
+        if not os.path.exists(bind.src):
+            raise FileNotFoundError(f"bind source does not exist: {bind.src}")
+        msg.mount(p.M_BIND, bind.dst, os.path.realpath(bind.src),
+                  flags=0 if bind.writable else p.MF_RDONLY)
+
+
+# On an image: /dev is a small tmpfs of its own, so the image's /dev (whatever nodes or
+# files it holds) stays hidden and the mount points of the device binds are not made in
+# the overlay's upper.
+_DEV_TMPFS = {"size": 64 * 1024, "inodes": 64}
+
+
+def _add_image_plan(msg: p.Message, spec: SandboxSpec, agent_uid: int, agent_gid: int,
+                    tree: str) -> None:
+    """The plan on an image: the overlay root (its upper is spec.disk and spec.inodes),
+    then what every sandbox has (/dev, /proc, /tmp, /workspace, /home/agent) and nothing
+    of the host: no userland bind, no /etc, no /root (the image's own stay)."""
+    msg.mount(p.M_OVERLAY, "/", tree, size=spec.disk, inodes=spec.inodes)
+    msg.mount(p.M_TMPFS, "/dev", "", mode=0o755, **_DEV_TMPFS)
+    _add_devices(msg, spec)
+    _add_writable(msg, spec, agent_uid, agent_gid)
+    _add_binds(msg, spec, _IMAGE_HIDDEN)
+
+
+def _add_writable(msg: p.Message, spec: SandboxSpec, agent_uid: int, agent_gid: int) -> None:
     # Writable places, each its own tmpfs with a byte and an inode limit. Their pages
     # are charged to the sandbox's memory cgroup, so they also count against memory.
     msg.mount(p.M_TMPFS, "/tmp", "", mode=0o1777, size=spec.tmp_size, inodes=spec.inodes)
@@ -129,14 +172,6 @@ def add_mount_plan(msg: p.Message, spec: SandboxSpec, agent_uid: int, agent_gid:
               size=spec.disk, inodes=spec.inodes)
     msg.mount(p.M_TMPFS, HOME, "", mode=0o700, uid=agent_uid, gid=agent_gid,
               size=spec.home_size, inodes=4096)
-    msg.mount(p.M_DIR, "/root", mode=0o700)
-
-    for bind in spec.binds:
-        _check_bind(bind, spec.hostname)
-        if not os.path.exists(bind.src):
-            raise FileNotFoundError(f"bind source does not exist: {bind.src}")
-        msg.mount(p.M_BIND, bind.dst, os.path.realpath(bind.src),
-                  flags=0 if bind.writable else p.MF_RDONLY)
 
 
 def _hidden_by_binds() -> dict[str, str]:
@@ -146,15 +181,19 @@ def _hidden_by_binds() -> dict[str, str]:
     hidden = {path: "part of the host's userland (read-only) that every program runs from"
               for path in default_rootfs().userland}
     hidden["/etc"] = "the sandbox's own (its generated passwd, group and hosts)"
-    hidden["/tmp"] = "a tmpfs with a size and an inode limit"
-    hidden[HOME] = "the agent's home, a tmpfs with a size limit"
-    return hidden
+    return {**hidden, **_IMAGE_HIDDEN}
 
 
-def _check_bind(bind: Bind, hostname: str) -> None:
+# What a bind would hide on an image too; the rest of its root is the overlay, in which
+# init makes any mount point.
+_IMAGE_HIDDEN = {"/tmp": "a tmpfs with a size and an inode limit",
+                 HOME: "the agent's home, a tmpfs with a size limit"}
+
+
+def _check_bind(bind: Bind, hostname: str, hidden: dict[str, str]) -> None:
     """Refuse a bind that would hide a mount of the plan, or that needs a mount point
     that cannot be made (below a read-only mount, where it does not exist)."""
-    for point, what in _hidden_by_binds().items():
+    for point, what in hidden.items():
         if path_within(point, bind.dst):
             raise BindError(f"bind {bind.src} -> {bind.dst} would hide {point}, {what}; bind "
                             f"onto a path of its own, such as /data")

@@ -22,8 +22,9 @@ def _seccomp_filter() -> bytes:
 
 
 @lru_cache(maxsize=64)
-def config_message(spec: SandboxSpec, ident: Identity) -> bytes:
-    """The CONFIG message of a sandbox: everything init sets up before its first command."""
+def config_message(spec: SandboxSpec, ident: Identity, tree: str | None = None) -> bytes:
+    """The CONFIG message of a sandbox: everything init sets up before its first command.
+    tree: the image's tree (karotte/imageroot.py), or None for the host's userland."""
     msg = p.Message(p.CONFIG)
     msg.record(p.T_IDS, AGENT_UID.to_bytes(4, "little") + AGENT_UID.to_bytes(4, "little")
                + int(ident.nested).to_bytes(4, "little"))
@@ -38,5 +39,5 @@ def config_message(spec: SandboxSpec, ident: Identity) -> bytes:
     msg.rlimit(resource.RLIMIT_MSGQUEUE, 64 * KiB, 64 * KiB)
     msg.rlimit(resource.RLIMIT_SIGPENDING, 1024, 1024)
     net.add_network_plan(msg, spec)
-    mounts.add_mount_plan(msg, spec, ident.owner_uid, ident.owner_gid)
+    mounts.add_mount_plan(msg, spec, ident.owner_uid, ident.owner_gid, tree)
     return msg.to_bytes()

@@ -31,6 +31,9 @@ PROTECTIONS: dict[str, bool] = {
     "mount-setattr": True,
     "pidfd": True,
     "clone3": True,
+    # A capability of the host, not a protection of every sandbox: sandboxes on an image
+    # (SandboxSpec.image) need it, and fail closed without it.
+    "image-overlay": False,
 }
 CGROUP_LINES = ("cgroup-memory", "cgroup-swap", "cgroup-pids", "cgroup-cpu", "cgroup-kill")
 # What a sandbox without a cgroup goes without: allow_degraded=NO_CGROUP accepts that.

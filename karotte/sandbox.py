@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from . import cgroups, lifecycle, mounts, native, plan, steps
+from . import cgroups, imageroot, lifecycle, mounts, native, plan, steps
 from . import protocol as p
 from .userns import identity, userns_blocker
 from .userns import AGENT_UID, DEFAULT_UID_BASE, ns_owner_ids  # noqa: F401 (public here too)
@@ -52,11 +52,20 @@ DEFAULT_ENV = {
 }
 
 
-def exec_env(spec: SandboxSpec, env: Mapping[str, str] | None) -> dict[str, str]:
+def exec_env(spec: SandboxSpec, env: Mapping[str, str] | None,
+             root: imageroot.ImageRoot | None = None) -> dict[str, str]:
     """The environment of a command: DEFAULT_ENV with OMP_NUM_THREADS for the spec's CPUs
-    (never more than the host has), then the caller's env, which may replace any of it."""
+    (never more than the host has), then the image config's Env (on an image), then the
+    caller's env; each may replace any of what comes before it."""
     cpus = min(math.ceil(spec.cpus), len(os.sched_getaffinity(0)))
-    return {**DEFAULT_ENV, "OMP_NUM_THREADS": str(cpus), **(env or {})}
+    return {**DEFAULT_ENV, "OMP_NUM_THREADS": str(cpus), **(root.env if root else {}),
+            **(env or {})}
+
+
+def exec_cwd(cwd: str | None, root: imageroot.ImageRoot | None = None) -> str:
+    """The working directory of a command: the caller's, else the image config's
+    WorkingDir (on an image), else /workspace."""
+    return cwd or (root.workdir if root is not None and root.workdir else mounts.WORKSPACE)
 
 
 def _write_proc(pid: int, name: str, text: str) -> None:
@@ -67,8 +76,15 @@ def _write_proc(pid: int, name: str, text: str) -> None:
         os.close(fd)
 
 
-def _setup_error(reply: p.Reply) -> SandboxError:
+_OVERLAY_STEPS = ("overlay-lower", "overlay-upper", "overlay")
+# What a tree the caller named, not the kernel, is to blame for: a plain SandboxError.
+_TREE_ERRNOS = (errno.EACCES, errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG)
+
+
+def _setup_error(reply: p.Reply) -> SandboxError | HostUnsupported:
     err = reply.u32(p.T_ERRNO)
+    if reply.step in _OVERLAY_STEPS and err not in _TREE_ERRNOS:
+        return imageroot.overlay_unsupported(reply.text(p.T_WHAT), err, os.uname().release)
     hint = steps.step(reply.step).hint(err)
     return SandboxError(f"sandbox setup failed at '{reply.text(p.T_WHAT)}': {os.strerror(err)}"
                         + (f" ({hint})" if hint else ""), step=reply.step)
@@ -81,6 +97,7 @@ class _Core:
         self._creator = os.getpid()  # a forked child's copy must not act on its init
         self._lock = threading.RLock()  # teardown: the owner, cleanup() and __del__
         self.spec = spec
+        self.root: imageroot.ImageRoot | None = None  # the image, resolved at start
         self.cgroup_parent = cgroup_parent
         self.cgroup: cgroups.Cgroup | None = None
         self.sock: socket.socket | None = None
@@ -100,6 +117,7 @@ class _Core:
         try:
             lifecycle.refuse_if_ending("a sandbox")
             lifecycle.track(self)
+            self.root = imageroot.resolve_root(spec)
             self.cgroup = self._make_cgroup()
             if (self.cgroup is not None and not self.cgroup.swap_enforced
                     and "cgroup-swap" not in spec.allow_degraded):
@@ -138,12 +156,30 @@ class _Core:
             _write_proc(self.pid, "uid_map", ident.agent_uid_map(owner))
             _write_proc(self.pid, "gid_map", ident.gid_map)
             self.send(p.Message(p.GO).to_bytes(), [])
-            self.send(plan.config_message(spec, ident), [])
+            self._send_config(ident)
         except BaseException as exc:
             self.destroy()
             if out_of_fds(exc):
                 raise fd_exhaustion() from exc
             raise
+
+    def _send_config(self, ident) -> None:
+        """The plan, and on an image for a root caller the tree idmapped onto the sandbox's
+        user namespace (an unprivileged caller's init binds the tree itself)."""
+        tree = self.root.tree if self.root is not None else None
+        config = plan.config_message(self.spec, ident, tree)
+        if tree is None or ident.nested:
+            self.send(config, [])
+            return
+        userns = os.open(f"/proc/{self.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            tree_fd = imageroot.idmapped_tree(tree, userns)
+        finally:
+            os.close(userns)
+        try:
+            self.send(config, [tree_fd])
+        finally:
+            os.close(tree_fd)
 
     def _make_cgroup(self) -> cgroups.Cgroup | None:
         spec = self.spec
@@ -249,7 +285,7 @@ class _Core:
         argv = [os.fsdecode(a) for a in argv]
         if not argv:
             raise ValueError("exec needs a command")
-        full_env = exec_env(self.spec, env)
+        full_env = exec_env(self.spec, env, self.root)
         if isinstance(stdin, str):
             stdin = stdin.encode()
         timeout = self.spec.timeout if timeout is None else float(timeout)
@@ -263,7 +299,7 @@ class _Core:
         exec_id = self._next_id
         self._next_id += 1
         return ExecOp(self, exec_id, argv, stdin or b"", timeout, full_env,
-                       cwd or mounts.WORKSPACE, on_output, terminal, pass_fds)
+                       exec_cwd(cwd, self.root), on_output, terminal, pass_fds)
 
     @naming_fd_exhaustion
     def end_exec(self, op: ExecOp) -> ExecResult:

@@ -110,6 +110,9 @@ class SandboxSpec:
     network: str = "none"  # "none": a private network namespace with loopback only
     hostname: str = "karotte"
     binds: tuple[Bind, ...] = ()
+    # The root filesystem: "host" (the host's userland, read-only) or "dir:/ABS/PATH" (an
+    # overlay on that directory tree; karotte/imageroot.py, docs/image-sandbox.md).
+    image: str = "host"
     # Protections (names as in `karotte-sandbox check`) the caller accepts to go without.
     allow_degraded: frozenset[str] = field(default_factory=frozenset)
 
@@ -134,9 +137,27 @@ class SandboxSpec:
         if self.pids < 2:
             raise SpecError("pids", "at least 2 (init and one command)", self.pids)
         _check_distinct(self.binds)
+        _check_image(self.image)
         if isinstance(self.allow_degraded, (set, list, tuple)):
             object.__setattr__(self, "allow_degraded", frozenset(self.allow_degraded))
         _check_degraded(self.allow_degraded)
+
+
+IMAGE_GRAMMAR = ("'host' (the host's userland) or 'dir:/ABSOLUTE/PATH' (a directory tree other than "
+                 "/ to run on, absolute and normalised, without NUL bytes)")
+
+
+def _check_image(image: object) -> None:
+    """The forms this module knows; the image store adds its own (karotte/imageroot.py
+    resolves each to a tree)."""
+    if image == "host":
+        return
+    if isinstance(image, str) and image.startswith("dir:"):
+        path = image[len("dir:"):]
+        if (path.startswith("/") and not path.startswith("//") and "\0" not in path
+                and os.path.normpath(path) == path and path != "/"):
+            return
+    raise SpecError("image", IMAGE_GRAMMAR, image)
 
 
 def _check_degraded(names: frozenset[str]) -> None:

@@ -47,6 +47,11 @@ class Step:
 _MNT = ("mount-namespace",)
 _AGENT_UID = ("unprivileged-agent-uid",)
 _AGENT_USERNS = ("user-namespace", "unprivileged-agent-uid")
+_IMAGE = ("image-overlay",)
+_NOT_THE_CALLERS = ("on an image init makes the mount points (/dev, /proc, /tmp, /workspace, "
+                    "/home/agent) in the overlay as root of the sandbox's user namespace, which "
+                    "for an unprivileged caller is the caller: the tree must be the caller's own "
+                    "(chown -R), or run Karotte as root, whose trees are idmapped")
 _SECCOMP_SETUP = {errno.ENOSYS: _TOO_OLD, errno.EINVAL: _TOO_OLD}
 
 # Every KS_* code of csrc/protocol.h, by name (tests/test_protocol.py checks that).
@@ -80,7 +85,7 @@ STEPS: dict[str, Step] = {
     "pivot-root": Step(_MNT),
     "detach-staging": Step(_MNT),
     # setup: the mount plan (csrc/init/mounts.c)
-    "mkdir": Step(),
+    "mkdir": Step(hints={errno.EACCES: _NOT_THE_CALLERS}),
     "bind-source": Step(hints={errno.EACCES: _UNREADABLE}),
     "bind-target": Step(),
     "bind": Step(),
@@ -93,6 +98,9 @@ STEPS: dict[str, Step] = {
     "dir": Step(),
     "file": Step(),
     "mount-op": Step(),
+    "overlay-lower": Step(_IMAGE, {errno.EACCES: _UNREADABLE}),
+    "overlay-upper": Step(_IMAGE),
+    "overlay": Step(_IMAGE, {errno.EPERM: _MOUNT_REFUSED}),
     # setup: the network (csrc/init/net.c)
     "loopback": Step(("network-namespace",)),
     # exec: the request (csrc/init/serve.c)
@@ -127,6 +135,11 @@ FIXES: dict[str, str] = {
               "denies clone3",
     "pidfd": "the spawn needs pidfds (Linux 5.3+): upgrade the kernel",
     "seccomp": "the kernel must be built with CONFIG_SECCOMP_FILTER",
+    "image-overlay": "sandboxes on an image need overlayfs in a user namespace (Linux 5.11+; "
+                     "an idmapped lower for a root caller, 5.19+; a tmpfs upper with user "
+                     "xattrs, 6.6+) and no AppArmor or seccomp policy that forbids mounts "
+                     "there: upgrade the kernel, or run on the host itself, or use "
+                     "image='host'",
 }
 DEFAULT_FIX = ("a kernel or container policy refused this step; run `karotte-sandbox "
                "check` on the host itself, or as root")

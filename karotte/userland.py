@@ -287,7 +287,10 @@ def package_binds(module: str) -> tuple[Bind, ...]:
 def hide_package(spec: SandboxSpec, module: str) -> SandboxSpec:
     """spec with package_binds(module) added: the sandbox of an episode or a grader of the
     environment in module. A bind of the spec's own that covers one of them (the
-    environment asked to see it there) wins."""
+    environment asked to see it there) wins. A sandbox on an image has nothing of the
+    host's userland to hide."""
+    if spec.image != "host":
+        return spec
     binds = tuple(b for b in package_binds(module)
                   if not any(path_within(b.dst, o.dst) or path_within(o.dst, b.dst)
                              for o in spec.binds))

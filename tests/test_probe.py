@@ -210,6 +210,9 @@ def _expected_evidence() -> dict[str, list[str]]:
         "pidfd": ["pidfd_open works", "held by a pidfd"],
         "clone3": ["clone3 spawned init in every namespace",
                    "init started in them" if v1 else "CLONE_INTO_CGROUP"],
+        "image-overlay": ["/ is an overlay (userxattr), rw,nosuid,nodev",
+                          "absent from the tree on the host",
+                          f"a tmpfs of {s.disk // MiB} MiB and {s.inodes} inodes"],
     }
 
 

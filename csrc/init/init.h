@@ -26,6 +26,8 @@
 #define STAGING "/tmp"     /* where the staging tmpfs is mounted first; see enter_staging */
 #define NEWROOT "/newroot" /* the sandbox's root while it is built, inside the staging root */
 #define OLDROOT "/oldroot" /* the host's tree while the sandbox's root is built */
+#define LOWER "/lower"     /* on an image: the overlay's lower, in the staging root */
+#define LAYER "/layer"     /* on an image: the tmpfs of its upper and work, in the staging root */
 #define MAX_EXECS 64
 #define MAX_RLIMITS 16
 #define MAX_FDS 8 /* stdin, stdout, stderr and up to 5 more for the command (3, 4, ...) */
@@ -38,6 +40,8 @@ struct config {
     struct kp_rlimit rlimits[MAX_RLIMITS];
     int n_rlimits;
     int loopback;
+    int tree_fd; /* the image's tree as a detached idmapped mount (KP_CONFIG's fd), or -1 */
+    int image;   /* the root is an overlay of an image (KM_OVERLAY): it stays writable */
 };
 
 /* What an exec's child writes to its errpipe when it fails before execve. */

@@ -110,7 +110,9 @@ int main(void)
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 
     ssize_t n = recv_msg(fds, &nfds);
-    for (int i = 0; i < nfds; i++)
+    /* The config's one fd, if any, is the image's tree (KM_OVERLAY takes it). */
+    cfg.tree_fd = nfds > 0 ? fds[0] : -1;
+    for (int i = 1; i < nfds; i++)
         close(fds[i]);
     if (n <= 0)
         _exit(1); /* host went away before configuring us */
@@ -128,6 +130,8 @@ int main(void)
     static char config[KP_MAX_MSG] __attribute__((aligned(8)));
     memcpy(config, msgbuf, (size_t)n);
     apply_config(config, (size_t)n);
+    if (cfg.tree_fd >= 0) /* a tree with no overlay in the plan */
+        close(cfg.tree_fd);
     if (!cfg.nested && setgroups(0, NULL) < 0)
         setup_fail(KS_SETGROUPS, "drop supplementary groups");
     enter_root();

@@ -79,13 +79,67 @@ static void set_mount_attrs(const char *path, uint64_t attrs, int recursive)
         setup_fail(KS_MOUNT_SETATTR, "mount_setattr %s", path);
 }
 
+/* The root on an image: an overlay whose lower is the tree (read-only, nosuid, nodev) and
+ * whose upper and work directories are on a tmpfs of this sandbox's own, made here in its
+ * user namespace (userxattr), in place of the root tmpfs. The lower and the tmpfs stay in
+ * the staging root, which the pivot detaches: the agent never sees either, only the
+ * overlay. docs/image-sandbox.md has the argument. */
+static void overlay_root(const struct kp_mount *m, const char *tree)
+{
+    char opts[256];
+    if (mkdir(LOWER, 0755) < 0 || mkdir(LAYER, 0755) < 0)
+        setup_fail(KS_STAGING_DIRS, "the overlay's staging directories");
+    if (cfg.tree_fd >= 0) {
+        /* A root caller idmapped the tree onto our user namespace (karotte/imageroot.py):
+         * its uid 0 is our root, its uid 1000 the agent. */
+        if (syscall(SYS_move_mount, cfg.tree_fd, "", AT_FDCWD, LOWER, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+            setup_fail(KS_OVERLAY_LOWER, "move the image tree %s into place", tree);
+        close(cfg.tree_fd);
+        cfg.tree_fd = -1;
+    } else {
+        /* An unprivileged caller: the tree as it is, the caller's files our root's. */
+        char source[4096];
+        if (snprintf(source, sizeof(source), "%s%s", OLDROOT, tree) >= (int)sizeof(source)) {
+            errno = ENAMETOOLONG;
+            setup_fail(KS_OVERLAY_LOWER, "image tree %s", tree);
+        }
+        if (mount(source, LOWER, NULL, MS_BIND | MS_REC, NULL) < 0)
+            setup_fail(KS_OVERLAY_LOWER, "bind the image tree %s", tree);
+    }
+    set_mount_attrs(LOWER, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 1);
+    snprintf(opts, sizeof(opts), "size=%llu,nr_inodes=%llu,mode=0755",
+             (unsigned long long)m->size, (unsigned long long)m->inodes);
+    if (mount("tmpfs", LAYER, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0)
+        setup_fail(KS_OVERLAY_UPPER, "tmpfs for the overlay's upper (%s)", opts);
+    if (mkdir(LAYER "/upper", 0755) < 0 || mkdir(LAYER "/work", 0755) < 0)
+        setup_fail(KS_OVERLAY_UPPER, "the overlay's upper and work directories");
+    /* The overlay replaces the (still empty) root tmpfs. */
+    if (umount2(NEWROOT, MNT_DETACH) < 0)
+        setup_fail(KS_OVERLAY, "detach the root tmpfs");
+    if (mount("overlay", NEWROOT, "overlay", MS_NOSUID | MS_NODEV,
+              "lowerdir=" LOWER ",upperdir=" LAYER "/upper,workdir=" LAYER "/work,userxattr") < 0)
+        setup_fail(KS_OVERLAY, "overlay of the image tree %s (userxattr)", tree);
+    cfg.image = 1;
+}
+
 void do_mount(const struct kp_mount *m, const char *src, const char *dst, uint32_t srclen)
 {
+    static int planned; /* a mount of the plan has been made: the root is in use */
     char target[4096];
     struct stat st;
     char opts[256];
     snprintf(target, sizeof(target), "%s%s", NEWROOT, dst);
 
+    if (m->op == KM_OVERLAY) {
+        if (planned || strcmp(dst, "/") != 0) {
+            errno = EINVAL;
+            setup_fail(KS_MOUNT_OP, "the overlay root must be the plan's first mount, at /");
+        }
+        planned = 1;
+        overlay_root(m, src);
+        return;
+    }
+    planned = 1;
     switch (m->op) {
     case KM_BIND: {
         char source[4096];
@@ -206,6 +260,8 @@ void enter_root(void)
         setup_fail(KS_DETACH_STAGING, "detach the staging root");
     if (chdir("/") < 0)
         setup_fail(KS_CHDIR_ROOT, "chdir /");
-    /* The root directory itself is read-only; writable places are their own mounts. */
-    set_mount_attrs("/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0);
+    /* The root directory itself is read-only; writable places are their own mounts. On an
+     * image the root is the overlay, writable: its upper is a tmpfs with the disk limit. */
+    set_mount_attrs("/", (cfg.image ? 0 : MOUNT_ATTR_RDONLY) | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                    0);
 }

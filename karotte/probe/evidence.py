@@ -11,6 +11,8 @@ import json
 import os
 import platform
 import pwd
+import shutil
+import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -23,6 +25,9 @@ from ..spec import MiB, SandboxSpec
 from ..userns import userns_cause, userns_owner
 
 PYTHON = "/usr/bin/python3"  # bound into every sandbox with /usr
+BUSYBOX = "/bin/busybox"  # static (busybox-static): the whole tree of the probe's image
+IMAGE_MARK = "/var/tmp/karotte-probe-image"  # written by the agent in the image's own dir
+IMAGE_TREE = ["bin", "bin/busybox", "var", "var/tmp"]  # the probe's image, as made
 MARK = ".karotte-probe"  # written by the agent in /workspace; its host owner is measured
 HIDDEN = ("/etc/shadow", "/var", "/run", "/sys", "/boot")  # host paths the plan never binds
 SYSCTLS = ("kernel/apparmor_restrict_unprivileged_userns", "kernel/unprivileged_userns_clone",
@@ -211,6 +216,7 @@ class _Evidence:
     kill_before: int | None = None  # tasks in the cgroup before kill_all()
     kill_after: int | None = None
     kill_error: str | None = None
+    image: _ImageEvidence | None = None  # the sandbox on an image (image-overlay)
 
 
 def _find_file(paths: tuple[str, ...], name: str) -> str | None:
@@ -256,6 +262,7 @@ def _run_sandbox() -> _Evidence | _Failure:
     if sb is None:
         return failure
     ev = _Evidence(sb.spec, cgroup_failure=failure)
+    ev.image = _run_image_sandbox(type(sb), sb.spec)
     with sb:
         cg = sb.cgroup
         try:
@@ -327,6 +334,65 @@ def _run_inside(sb, ev: _Evidence) -> None:
         ev.agent_host_uid, ev.agent_host_gid = st.st_uid, st.st_gid
     except OSError as exc:
         ev.inside_error = f"the agent's file /workspace/{MARK} is not visible from the host: {exc}"
+
+
+# --------------------------------------------------------------------------- on an image
+
+# Runs as the agent under busybox sh, on the probe's image: write to a world-writable
+# directory of the image (not a mount of its own: the overlay) and read it back, then the root's mount line and its statfs (overlayfs reports its
+# upper's: the tmpfs whose size is the disk limit).
+_IMAGE_INSIDE = (f"echo karotte > {IMAGE_MARK} && busybox cat {IMAGE_MARK} && "
+                 "busybox grep ' / / ' /proc/self/mountinfo && busybox stat -f -c '%S %b %c' /")
+
+
+@dataclass
+class _ImageEvidence:
+    """What a sandbox on a tiny image (a tree holding busybox) showed."""
+
+    failure: tuple[str, str] | None = None  # why it could not be shown, and the fix
+    read_back: str | None = None  # what the agent read back of its write
+    root_mount: str | None = None  # the mountinfo line of / inside
+    statfs: tuple[int, int, int] | None = None  # f_frsize, f_blocks, f_files of / inside
+    tree_after: list[str] | None = None  # the tree's paths on the host afterwards
+
+
+def _run_image_sandbox(sandbox, spec: SandboxSpec) -> _ImageEvidence:
+    """A sandbox (of the class `sandbox`, which _create_sandbox imported) on a dir: image
+    of a tree made here (IMAGE_TREE, nothing else)."""
+    if not os.path.exists(BUSYBOX):
+        return _ImageEvidence(failure=(
+            f"untested: {BUSYBOX} is missing; the probe's image is a tree holding it",
+            "install a static busybox (Debian: apt-get install busybox-static)"))
+    tree = tempfile.mkdtemp(prefix="karotte-probe-image-")
+    try:
+        os.chmod(tree, 0o755)
+        os.mkdir(os.path.join(tree, "bin"), 0o755)
+        shutil.copy(BUSYBOX, os.path.join(tree, "bin", "busybox"))
+        os.makedirs(os.path.join(tree, "var", "tmp"))
+        os.chmod(os.path.join(tree, "var", "tmp"), 0o1777)
+        try:
+            with sandbox(replace(spec, image=f"dir:{tree}")) as sb:
+                result = sb.exec(["/bin/busybox", "sh", "-c", _IMAGE_INSIDE])
+        except (KarotteError, OSError, ValueError) as exc:
+            failure = _failure(exc)
+            return _ImageEvidence(failure=failure.causes.get(
+                "image-overlay", (f"the probe sandbox on an image failed: {exc}",
+                                  steps.fix("image-overlay"))))
+        ev = _ImageEvidence(tree_after=sorted(
+            os.path.relpath(os.path.join(d, n), tree) for d, dirs, files in os.walk(tree)
+            for n in dirs + files))
+        lines = result.stdout.decode(errors="replace").splitlines()
+        if not result.ok or len(lines) != 3:
+            ev.failure = (f"the agent's command on the image failed: "
+                          f"{result.error or result.stderr.decode(errors='replace')[-300:]!r}",
+                          steps.fix("image-overlay"))
+            return ev
+        ev.read_back, ev.root_mount = lines[0], lines[1]
+        frsize, blocks, files = (int(n) for n in lines[2].split())
+        ev.statfs = (frsize, blocks, files)
+        return ev
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- failure causes

@@ -15,8 +15,8 @@ from ..protections import CGROUP_LINES, NAMESPACES, PROTECTIONS
 from ..spec import MiB
 from ..steps import MOUNT_SETATTR_KERNEL
 from ..userns import AGENT_UID, DEFAULT_UID_BASE
-from .evidence import (CLONE3_KERNEL, CLONE_INTO_CGROUP_KERNEL, HIDDEN, PIDFD_KERNEL, PROBE_SPEC,
-                       _KILL_FILES, _account, _Evidence, _Failure, _Host, _mount_fields,
+from .evidence import (CLONE3_KERNEL, CLONE_INTO_CGROUP_KERNEL, HIDDEN, IMAGE_TREE, PIDFD_KERNEL,
+                       PROBE_SPEC, _KILL_FILES, _account, _Evidence, _Failure, _Host, _mount_fields,
                        _read_or_none)
 from .report import Protection
 
@@ -502,6 +502,43 @@ class _HostCheck:
                      "sandbox's cgroups, so init started in them")
         return self.line(name, True, f"clone3 spawned init in every namespace; {place}")
 
+    # -- capabilities of the host
+
+    def image_overlay(self, name: str) -> Protection:
+        how = ("on an image the root is an overlay made in the sandbox's user namespace "
+               "(userxattr): the tree read-only as its lower, upper and work on a tmpfs of "
+               "the sandbox's own (size = disk, nr_inodes = inodes), mounted nosuid,nodev")
+        if self.ev is None:
+            return self.untested(name, how)
+        img = self.ev.image
+        if img.failure is not None:
+            return self.line(name, False, how, *img.failure)
+        spec = self.ev.spec
+        tail = img.root_mount.partition(" - ")[2]
+        _, opts, fstype = _mount_fields(img.root_mount)
+        fs_opts = set(tail.split()[2].split(",")) if len(tail.split()) > 2 else set()
+        frsize, blocks, files = img.statfs
+        problems = []
+        if fstype != "overlay" or "userxattr" not in fs_opts:
+            problems.append(f"/ is {fstype} ({','.join(sorted(fs_opts))}), not an overlay "
+                            f"with userxattr")
+        if not {"nosuid", "nodev"} <= opts or "ro" in opts:
+            problems.append(f"/ is mounted {','.join(sorted(opts))}, not rw,nosuid,nodev")
+        if img.read_back != "karotte":
+            problems.append(f"the agent read back {img.read_back!r} of what it wrote")
+        if (frsize * blocks, files) != (spec.disk, spec.inodes):
+            problems.append(f"/ holds {_size(frsize * blocks)} and {files} inodes, asked "
+                            f"{_size(spec.disk)} and {spec.inodes}")
+        if img.tree_after != IMAGE_TREE:
+            problems.append(f"the tree on the host holds {img.tree_after} after the agent's "
+                            f"write: it reached the lower")
+        return self.line(name, not problems,
+                         f"kernel {self.host.kernel}: / is an overlay (userxattr), "
+                         f"rw,nosuid,nodev; the agent's write to it read back inside and "
+                         f"absent from the tree on the host, so it landed in the upper, a "
+                         f"tmpfs of {_size(spec.disk)} and {spec.inodes} inodes (statfs of / "
+                         f"inside)", "; ".join(problems))
+
 
 Verdict = Callable[[_HostCheck, str], Protection]
 
@@ -548,6 +585,7 @@ VERDICTS: dict[str, Verdict] = {
     "mount-setattr": _HostCheck.mount_setattr,
     "pidfd": _HostCheck.pidfd,
     "clone3": _HostCheck.clone3,
+    "image-overlay": _HostCheck.image_overlay,
 }
 
 
