@@ -49,7 +49,7 @@ PREFLIGHT = (f"import sys; sys.path[:0] = [{LIB_MOUNT!r}]; "
 PREFLIGHT_SECONDS = 60.0  # at most, for importing the environment's module
 # What the grading process imports of Karotte, and nothing more (tests/test_grader_library.py)
 RUNTIME_MODULES = ("__init__.py", "environment.py", "spec.py", "results.py", "grader_runtime.py",
-                   "grader_main.py", "protections.py")
+                   "grader_main.py", "protections.py", "imageref.py", "errors.py")
 GRADER_LOG_LIMIT = 64 * 1024
 GRADER_FAILURES = ("grader_crashed", "grader_timeout", "grader_out_of_memory", "invalid_reward",
                    "non_finite_reward")  # reasons that say the grader did not finish its job

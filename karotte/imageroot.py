@@ -9,6 +9,7 @@ docs/image-sandbox.md.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -17,6 +18,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from . import imageref, images
 from .errors import HostUnsupported
 from .seccomp import SYSCALL_NUMBERS
 from .spec import SandboxSpec
@@ -42,11 +44,18 @@ class ImageRoot:
     workdir: str | None = None  # the config's WorkingDir: the cwd when an exec names none
 
 
-def resolve_root(spec: SandboxSpec) -> ImageRoot | None:
-    """The tree of spec.image, or None for "host". spec.py has checked the form."""
-    if spec.image == "host":
+def resolve_root(spec: SandboxSpec, leases: contextlib.ExitStack) -> ImageRoot | None:
+    """The tree of spec.image, or None for "host". spec.py has checked the form. An image of
+    the store (a name, or a source imported on first use) is leased on `leases`, which the
+    sandbox closes when it is destroyed: until then the store's gc keeps the tree."""
+    ref = imageref.parse(spec.image)
+    if ref.kind == "host":
         return None
-    path = spec.image[len("dir:"):]
+    if ref.kind != "dir":
+        image = leases.enter_context(images.lease(ref))
+        env = dict(entry.partition("=")[::2] for entry in image.config.env)
+        return ImageRoot(image.tree, env, image.config.working_dir)
+    path = ref.path
     tree = os.path.realpath(path)
     if not os.path.isdir(tree):
         raise (FileNotFoundError if not os.path.lexists(path) else NotADirectoryError)(

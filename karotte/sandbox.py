@@ -12,6 +12,7 @@ event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import math
 import os
@@ -98,6 +99,7 @@ class _Core:
         self._lock = threading.RLock()  # teardown: the owner, cleanup() and __del__
         self.spec = spec
         self.root: imageroot.ImageRoot | None = None  # the image, resolved at start
+        self._leases = contextlib.ExitStack()  # the store's hold on the image's tree
         self.cgroup_parent = cgroup_parent
         self.cgroup: cgroups.Cgroup | None = None
         self.sock: socket.socket | None = None
@@ -117,7 +119,7 @@ class _Core:
         try:
             lifecycle.refuse_if_ending("a sandbox")
             lifecycle.track(self)
-            self.root = imageroot.resolve_root(spec)
+            self.root = imageroot.resolve_root(spec, self._leases)
             self.cgroup = self._make_cgroup()
             if (self.cgroup is not None and not self.cgroup.swap_enforced
                     and "cgroup-swap" not in spec.allow_degraded):
@@ -381,6 +383,7 @@ class _Core:
                     (self.cgroup.release if reuse_cgroup else self.cgroup.destroy)()
                     self.cgroup = None
                 if self.pidfd is None:
+                    self._leases.close()  # the tree is no longer in use: gc may take it
                     lifecycle.forget(self)
 
     def __del__(self) -> None:

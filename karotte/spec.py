@@ -6,6 +6,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from . import imageref
 from .protections import PROTECTIONS
 
 KiB = 1024
@@ -143,21 +144,22 @@ class SandboxSpec:
         _check_degraded(self.allow_degraded)
 
 
-IMAGE_GRAMMAR = ("'host' (the host's userland) or 'dir:/ABSOLUTE/PATH' (a directory tree other than "
-                 "/ to run on, absolute and normalised, without NUL bytes)")
+DIR_IMAGE = ("a tree other than / named by an absolute, normalised path without NUL bytes "
+             "(dir:/ABSOLUTE/PATH)")
 
 
 def _check_image(image: object) -> None:
-    """The forms this module knows; the image store adds its own (karotte/imageroot.py
-    resolves each to a tree)."""
-    if image == "host":
-        return
-    if isinstance(image, str) and image.startswith("dir:"):
-        path = image[len("dir:"):]
-        if (path.startswith("/") and not path.startswith("//") and "\0" not in path
+    """One of the references of karotte/imageref.py (karotte/imageroot.py resolves each to a
+    tree); a dir: tree, which a sandbox runs on as it is, by an absolute path."""
+    try:
+        ref = imageref.parse(image)
+    except imageref.ImageRefError as exc:
+        raise SpecError("image", f"an image reference ({exc})", image) from None
+    if ref.kind == "dir":
+        path = ref.path
+        if not (path.startswith("/") and not path.startswith("//") and "\0" not in path
                 and os.path.normpath(path) == path and path != "/"):
-            return
-    raise SpecError("image", IMAGE_GRAMMAR, image)
+            raise SpecError("image", DIR_IMAGE, image)
 
 
 def _check_degraded(names: frozenset[str]) -> None:

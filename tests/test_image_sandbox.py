@@ -23,7 +23,7 @@ import tempfile
 import pytest
 
 from conftest import needs_sandbox
-from karotte import imageroot, mounts, plan
+from karotte import imageroot, images, mounts, plan
 from karotte import protocol as p
 from karotte.errors import HostUnsupported
 from karotte.sandbox import AGENT_UID, Sandbox
@@ -144,14 +144,25 @@ def _root_mount(sb: Sandbox) -> tuple[set[str], str, set[str]]:
 # --------------------------------------------------------------------------- the spec
 
 
-@pytest.mark.parametrize("bad", ["oci:/srv/layout", "dir:relative/tree", "dir:/a/../b", "dir:/",
-                                 "dir://srv/x", "dir:/srv/x/", "/srv/tree", "", 7])
-def test_image_takes_host_or_an_absolute_dir_and_names_the_grammar(bad):
+@pytest.mark.parametrize("bad", ["dir:relative/tree", "dir:/a/../b", "dir:/", "dir://srv/x",
+                                 "dir:/srv/x/"])
+def test_a_dir_image_is_an_absolute_normalised_tree_other_than_the_root(bad):
     with pytest.raises(SpecError) as info:
         SandboxSpec(image=bad)
-    assert info.value.field == "image"
-    assert "SandboxSpec.image must be 'host'" in str(info.value)
-    assert "'dir:/ABSOLUTE/PATH'" in str(info.value)
+    assert info.value.field == "image" and "dir:/ABSOLUTE/PATH" in str(info.value)
+
+
+@pytest.mark.parametrize("bad", ["/srv/tree", "", 7, "bogus:x", "debian:"])
+def test_an_image_outside_the_grammar_is_refused_showing_it(bad):
+    with pytest.raises(SpecError) as info:
+        SandboxSpec(image=bad)
+    assert info.value.field == "image" and "an image reference is one of" in str(info.value)
+
+
+@pytest.mark.parametrize("good", ["host", "dir:/srv/tree", "oci:/srv/layout:t", "tb/chess",
+                                  "docker-archive:/srv/x.tar", "debian:bookworm+python3"])
+def test_every_form_of_the_grammar_is_an_image(good):
+    assert SandboxSpec(image=good).image == good
 
 
 def test_a_missing_tree_is_refused_before_any_sandbox_starts_naming_the_fix(no_leaks):
@@ -298,22 +309,58 @@ def test_IMG_GONE_01_the_overlay_leaves_nothing_behind_on_the_host(tree, no_leak
     assert not [d for d, dirs, _ in os.walk(tree) for n in dirs if n in ("upper", "work")]
 
 
-def test_the_images_env_comes_before_the_callers_and_its_workdir_is_the_default(
-        tree, no_leaks, monkeypatch):
-    # dir: has no image config; the image store's resolver returns one (the lead routes
-    # its references through resolve_root), so this test resolves as it will.
-    with Sandbox(SandboxSpec(image=f"dir:{tree}")) as sb:
+def _oci_image(tree: str, layout: str) -> str:
+    """tree as an OCI image made by umoci, with an Env and a WorkingDir in its config."""
+    if shutil.which("umoci") is None:
+        pytest.skip("needs umoci (scripts/setup installs it)")
+    bundle = layout + ".bundle"
+    for argv in (["init", "--layout", layout], ["new", "--image", f"{layout}:t"],
+                 ["config", "--image", f"{layout}:t", "--config.env", "PATH=/bin",
+                  "--config.env", "FROM_IMAGE=image", "--config.env", "BOTH=image",
+                  "--config.workingdir", "/srv"],
+                 ["unpack", "--image", f"{layout}:t", bundle]):
+        subprocess.run(["umoci", *argv], check=True, capture_output=True)
+    shutil.rmtree(os.path.join(bundle, "rootfs"))
+    subprocess.run(["cp", "-a", tree, os.path.join(bundle, "rootfs")], check=True)  # owners too
+    subprocess.run(["umoci", "repack", "--image", f"{layout}:t", bundle], check=True,
+                   capture_output=True)
+    shutil.rmtree(bundle)
+    return f"oci:{layout}:t"
+
+
+def test_a_store_image_runs_by_source_and_by_name_with_its_env_and_workdir(
+        tree, tmp_path, monkeypatch, no_leaks):
+    monkeypatch.setenv("KAROTTE_IMAGE_DIR", str(tmp_path / "store"))
+    ref = _oci_image(tree, str(tmp_path / "layout"))
+    with Sandbox(SandboxSpec(image=f"dir:{tree}")) as sb:  # dir: has no image config
         assert sb.exec(["/bin/pwd"]).stdout == b"/workspace\n"
-    root = imageroot.ImageRoot(tree, {"PATH": "/bin", "FROM_IMAGE": "image", "BOTH": "image"},
-                               "/srv")
-    monkeypatch.setattr(imageroot, "resolve_root", lambda spec: root)
-    with Sandbox(SandboxSpec(image=f"dir:{tree}")) as sb:
-        r = sb.exec(["env"], env={"BOTH": "caller"})
-        env = dict(line.split("=", 1) for line in r.stdout.decode().splitlines())
-        assert (env["PATH"], env["FROM_IMAGE"], env["BOTH"]) == ("/bin", "image", "caller")
-        assert env["HOME"] == mounts.HOME  # Karotte's defaults stay under both
-        assert sb.exec(["pwd"]).stdout == b"/srv\n"
-        assert sb.exec(["pwd"], cwd="/var/tmp").stdout == b"/var/tmp\n"
+    images.import_image(ref, name="test/busybox")
+    for image in (ref, "test/busybox"):
+        with Sandbox(SandboxSpec(image=image)) as sb:
+            r = sb.exec(["env"], env={"BOTH": "caller"})
+            env = dict(line.split("=", 1) for line in r.stdout.decode().splitlines())
+            assert (env["PATH"], env["FROM_IMAGE"], env["BOTH"]) == ("/bin", "image", "caller")
+            assert env["HOME"] == mounts.HOME  # Karotte's defaults stay under both
+            assert sb.exec(["pwd"]).stdout == b"/srv\n"
+            assert sb.exec(["pwd"], cwd="/var/tmp").stdout == b"/var/tmp\n"
+            # the image's ids, seen through the idmapped tree: root's files are root's
+            r = sh(sb, "stat -c '%u %g' /etc/hostname /srv/agent/mine; cat /etc/hostname; "
+                       "echo hi > /var/tmp/x && cat /var/tmp/x")
+            assert r.stdout.decode().split("\n")[:4] == ["0 0", f"{AGENT_UID} {AGENT_UID}",
+                                                        "busybox-image", "hi"]
+
+
+def test_the_store_keeps_an_images_tree_while_a_sandbox_runs_on_it(tree, tmp_path, monkeypatch,
+                                                                  no_leaks):
+    monkeypatch.setenv("KAROTTE_IMAGE_DIR", str(tmp_path / "store"))
+    ref = _oci_image(tree, str(tmp_path / "layout"))
+    with Sandbox(SandboxSpec(image=ref)) as sb:  # imported now, unnamed: gc may take it
+        store = images.default_store()
+        kept = store.gc()
+        assert kept.trees_in_use and not kept.trees_removed
+        assert sb.exec(["cat", "/etc/hostname"]).stdout == b"busybox-image\n"
+    gone = store.gc()
+    assert gone.trees_removed == kept.trees_in_use and not gone.trees_in_use
 
 
 # --------------------------------------------------------------------------- fail closed

@@ -16,7 +16,6 @@ import pytest
 import karotte.images as images_api
 from karotte.images import ImageError, ImageNotFound, Store, default_root
 from karotte.images.store import chain_ids
-from karotte.userns import uid_base
 from test_images import images, make_images, tree_manifest  # noqa: F401 (a fixture)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,12 +62,16 @@ def test_the_layout_blobs_verified_and_a_read_only_tree_keyed_by_chain_id(images
                                          "sha256", "target"}
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="shifting ids needs root")
-def test_as_root_the_trees_ids_are_shifted_by_the_uid_base(images, tmp_path):
-    image = Store(str(tmp_path / "s")).import_image(ref_of(images))
-    entries = tree_manifest(image.tree)
-    assert {(e["uid"], e["gid"]) for e in entries} == {(uid_base(), uid_base())}
-    assert image.tree.split("/")[-2].endswith(f"@{uid_base()}")
+@pytest.mark.skipif(os.geteuid() != 0, reason="the image's own ids need root")
+def test_as_root_the_tree_keeps_the_images_ids_and_no_host_user_reaches_it(images, tmp_path):
+    # Sandboxes see those ids through an idmapped mount; a host account with one of them
+    # must not reach (and so cannot change) a tree that sandboxes run on.
+    store = Store(str(tmp_path / "s"))
+    image = store.import_image(ref_of(images))
+    assert {(e["uid"], e["gid"]) for e in tree_manifest(image.tree)} == {(0, 0)}
+    assert image.tree.split("/")[-2].endswith("@root")
+    for path in (tmp_path / "s", tmp_path / "s/trees"):
+        assert path.stat().st_mode & 0o077 == 0, path
 
 
 # -- cache hits and atomicity -------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 
 from karotte.images import (GRAMMAR, DigestMismatch, ImageError, ImageRef, ImageRefError, Store,
                             parse, parse_name)
-from karotte.images import ref as ref_module
+from karotte import imageref as ref_module
 from karotte.images.extract import manifest
 from karotte.images.oci import host_arch
 

@@ -14,7 +14,7 @@ import contextlib
 from typing import Iterator
 
 from .oci import DigestMismatch, ImageError
-from .ref import GRAMMAR, ImageRef, ImageRefError, parse, parse_name
+from ..imageref import GRAMMAR, ImageRef, ImageRefError, parse, parse_name
 from .store import (GcResult, Image, ImageConfig, ImageNotFound, Store, Verification,
                     default_root)
 

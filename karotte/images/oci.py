@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import IO, Any, BinaryIO, Iterator
 
 from ..errors import KarotteError
-from .ref import ImageRef
+from ..imageref import ImageRef
 
 MAX_JSON = 4 << 20  # index, manifest and config: bytes read at most (they are small)
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")

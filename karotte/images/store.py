@@ -33,11 +33,10 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any, BinaryIO, Callable, Iterator
 
-from ..userns import uid_base
 from . import oci
 from .extract import LayerBudget, TreeEntry, apply_layer, manifest
 from .oci import DigestMismatch, ImageError
-from .ref import ImageRef, parse, parse_name
+from ..imageref import ImageRef, parse, parse_name
 
 ENV_IMAGE_DIR = "KAROTTE_IMAGE_DIR"
 ROOT_IMAGE_DIR = "/var/lib/karotte/images"
@@ -130,11 +129,13 @@ class Store:
         self.budget = budget or LayerBudget()
         self.extractions = 0  # layers this object has unpacked (a cache hit unpacks none)
         if os.geteuid() == 0:
-            base = uid_base()
-            self.ids_key = str(base)
+            # The image's own ids, as the image says (above 65535: nobody): a sandbox sees
+            # them through an idmapped mount onto its user namespace (karotte/imageroot.py),
+            # and no host user reaches the tree (the store is 0700).
+            self.ids_key = "root"
             self._ids: Callable[[int, int], tuple[int, int]] | None = (
-                lambda uid, gid: (base + (uid if uid < 65536 else NOBODY),
-                                  base + (gid if gid < 65536 else NOBODY)))
+                lambda uid, gid: (uid if uid < 65536 else NOBODY,
+                                  gid if gid < 65536 else NOBODY))
         else:
             self.ids_key, self._ids = f"uid{os.getuid()}", None
 
@@ -150,9 +151,10 @@ class Store:
         return self._path("blobs", "sha256", oci.digest_hex(digest, "blob"))
 
     def _ensure(self) -> None:
-        # trees/ and the root are searchable by all: a sandbox's init, under its own ids,
-        # must reach the lower tree it mounts. Blobs, names and imports under way are not.
-        for sub, mode in (("", 0o755), ("trees", 0o755), ("blobs/sha256", 0o700),
+        # Nothing is reachable by other host users: as root, the trees hold files of the
+        # image's own ids, which may be host accounts' (the host hands each sandbox an
+        # idmapped mount of its tree); unprivileged, init runs as the caller itself.
+        for sub, mode in (("", 0o700), ("trees", 0o700), ("blobs/sha256", 0o700),
                           ("locks", 0o700), ("refs", 0o700), ("sources", 0o700),
                           ("tmp", 0o700)):
             path = self._path(sub) if sub else self.root

@@ -8,11 +8,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import KarotteError
+from .errors import KarotteError
 
 GRAMMAR = """\
   host                           the host's own userland (the default)
-  dir:PATH                       a root filesystem tree, copied in and hashed
+  dir:PATH                       a root filesystem tree (a sandbox runs on it as it is;
+                                 `karotte image import` copies it in, hashed)
   oci:PATH[:TAG]                 an OCI image layout directory
   oci-archive:FILE[:TAG]         a tar of an OCI image layout
   docker-archive:FILE[:REPO:TAG] `docker save` / `podman save` output (either form)
