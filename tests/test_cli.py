@@ -330,3 +330,23 @@ def test_sigterm_of_karotte_sandbox_destroys_its_sandbox(no_leaks):
     assert proc.wait(timeout=30) == 128 + 15
     proc.stdout.close()
     assert karotte_cgroups(creator) == set()
+
+
+def test_exec_runs_on_an_image_given_with_image_and_names_the_grammar_when_it_is_bad(
+        no_leaks, tmp_path):
+    if not os.path.exists("/bin/busybox"):
+        pytest.skip("/bin/busybox is missing (apt-get install busybox-static)")
+    tree = tmp_path / "tree"
+    (tree / "bin").mkdir(parents=True)
+    (tree / "etc").mkdir()
+    shutil.copy("/bin/busybox", tree / "bin/busybox")
+    for applet in ("sh", "cat", "ls"):
+        (tree / "bin" / applet).symlink_to("busybox")
+    (tree / "etc/os-release").write_text("ID=karotte-cli-test\n")
+    tree.chmod(0o755)
+    r = run_karotte_sandbox("exec", "--image", f"dir:{tree}", "--",
+                            "/bin/sh", "-c", "cat /etc/os-release; ls /usr")
+    assert r.stdout == b"ID=karotte-cli-test\n" and b"/usr" in r.stderr  # no host userland
+    r = run_karotte_sandbox("exec", "--image", "bogus:x", "--", "true")
+    assert r.returncode == 125 and b"--image bogus:x" in r.stderr
+    assert b"an image reference is one of" in r.stderr

@@ -63,8 +63,10 @@ def _spec_from_args(args: argparse.Namespace, timeout: float | None = None) -> S
     if timeout is not None and "timeout" not in given:
         given["timeout"] = timeout
     try:
-        spec = SandboxSpec(network=args.net, binds=_binds(args), **given)
+        spec = SandboxSpec(network=args.net, binds=_binds(args), image=args.image, **given)
     except SpecError as exc:
+        if exc.field == "image":
+            raise ValueError(f"--image {args.image}: must be {exc.requirement}") from None
         if exc.field not in LIMITS:
             raise
         raise ValueError(f"--{exc.field} {getattr(args, exc.field)}: must be "
@@ -128,6 +130,11 @@ def _add_limit_options(p: argparse.ArgumentParser, timeout_default: float) -> No
                    help=f"size of /workspace, also the file size limit (default {d.disk // 2**20}M)")
     p.add_argument("--inodes", metavar="N",
                    help=f"inode limit of /workspace (default {d.inodes})")
+    p.add_argument("--image", default="host", metavar="REF",
+                   help="the root filesystem: host (the host's userland, the default), "
+                        "dir:/TREE, oci:PATH[:TAG], oci-archive:FILE, docker-archive:FILE, "
+                        "debian:SUITE[+PKG,...], or a name given at `karotte image import`; "
+                        "imported into the image store on first use")
     p.add_argument("--net", choices=["none"], default="none",
                    help="network: none = a private network namespace with loopback only")
     p.add_argument("--bind", action="append", default=[], metavar="SRC:DST[:ro|rw]",
@@ -146,7 +153,8 @@ def _add_limit_options(p: argparse.ArgumentParser, timeout_default: float) -> No
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="set a variable in the command's environment; repeatable")
     p.add_argument("--cwd", metavar="DIR", help="the command's working directory "
-                                                "(default /workspace)")
+                                                "(default: the image's WorkingDir, else "
+                                                "/workspace)")
 
 
 def _output_json(name: str, data: bytes) -> dict:
