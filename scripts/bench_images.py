@@ -551,8 +551,6 @@ def case_profile(ws: Workspace, log) -> dict:
 _GROUPS = (
     ("sha256 (blob copy, diff_id, manifest)", ("_hashlib",)),
     ("tarfile: header parsing and its stream reads", ("tarfile.py",)),
-    ("dataclasses.asdict of the manifest's entries (deep copies)",
-     ("dataclasses.py", "copy.py")),
     ("json", ("json/",)),
     ("file data: os.read, os.write, buffered file reads and writes",
      ("posix.read>", "posix.write>", "_io.Buffered", "_io.FileIO")),
