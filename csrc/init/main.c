@@ -56,6 +56,14 @@ static void apply_config(const char *msg, size_t len)
                 goto bad;
             memcpy(&cfg.rlimits[cfg.n_rlimits++], data, sizeof(struct kp_rlimit));
             break;
+        case KT_CAPS:
+            /* A host bug must not hand the agent SYS_ADMIN: only what KP_ROOT_CAPS allows. */
+            if (rlen != 8)
+                goto bad;
+            memcpy(&cfg.agent_caps, data, 8);
+            if (cfg.agent_caps & ~KP_ROOT_CAPS)
+                goto bad;
+            break;
         case KT_LOOPBACK:
             cfg.loopback = 1;
             break;
@@ -159,7 +167,8 @@ int main(void)
         /* The agent's bounding set and filter, once: every command inherits both
          * through fork, and neither takes what init still uses (docs/init.md). In
          * nested mode agent_child does both itself. */
-        drop_bounding_set();
+        if (drop_bounding_set(cfg.agent_caps) < 0)
+            setup_fail(KS_BOUNDING_SET, "reduce the bounding set to the agent's capabilities");
         if (cfg.filter_len && load_filter() < 0)
             setup_fail(KS_SECCOMP_LOAD, "load seccomp filter");
     }
