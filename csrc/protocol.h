@@ -98,6 +98,7 @@ enum kp_step {
     KS_SIGNALFD = 20,
     KS_BOUNDING_SET = 21, /* reduce it to the agent's capabilities: by init, or by an exec's
                              child in nested mode */
+    KS_HIDE_INIT = 22,    /* agent_user "root": remount /proc hidepid=2, so init is hidden */
     /* setup: the roots (csrc/init/mounts.c) */
     KS_MOUNT_PRIVATE = 30, /* make / private */
     KS_STAGING_TMPFS = 31,

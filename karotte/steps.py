@@ -74,6 +74,7 @@ STEPS: dict[str, Step] = {
     "workspace": Step(),
     "signalfd": Step(),
     "bounding-set": Step(("capabilities-dropped",)),
+    "hide-init": Step(hints={errno.EPERM: _MOUNT_REFUSED}),
     # setup: the roots (csrc/init/mounts.c)
     "mount-private": Step(_MNT),
     "staging-tmpfs": Step(_MNT),

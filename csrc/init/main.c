@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -143,6 +144,15 @@ int main(void)
     if (!cfg.nested && setgroups(0, NULL) < 0)
         setup_fail(KS_SETGROUPS, "drop supplementary groups");
     enter_root();
+    if (cfg.agent_caps) {
+        /* A root agent is init's own uid, and a non-dumpable init's /proc/1 belongs to
+         * the namespace's root: it could raise init's oom_score_adj, and memory.oom.group
+         * would then kill init with the agent's next OOM (ROOT-OOM-01). hidepid=2 shows a
+         * process only to those who may ptrace it, and no agent may ptrace init. */
+        if (mount(NULL, "/proc", NULL, MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  "hidepid=2") < 0)
+            setup_fail(KS_HIDE_INIT, "remount /proc with hidepid=2");
+    }
     /* inotify instances and watches are counted per user and, on the host, against the
      * user namespace's creator: cap what this sandbox can take from that shared pool.
      * These files are the limits of our own user namespace (we are its root). */
