@@ -19,7 +19,7 @@ import tempfile
 import psutil
 import pytest
 
-from conftest import needs_sandbox, py
+from conftest import needs_sandbox, py, run_karotte_sandbox
 from karotte import plan
 from karotte import protocol as p
 from karotte.sandbox import AGENT_UID, Sandbox
@@ -206,6 +206,14 @@ except OSError as e:
             r = sb.exec(py("b = []\nwhile True: b.append(bytearray(16 << 20))"))
             assert r.signal == signal.SIGKILL and r.oom_killed
             assert r.peak_memory is None or r.peak_memory <= 96 * MiB
+
+
+def test_karotte_sandbox_exec_agent_user_root_runs_as_root_and_refuses_other_users():
+    r = run_karotte_sandbox("exec", "--agent-user", "root", "--", "id", "-u")
+    assert r.returncode == 0 and r.stdout == b"0\n", r.stderr
+    assert run_karotte_sandbox("exec", "--", "id", "-u").stdout == b"1000\n"
+    r = run_karotte_sandbox("exec", "--agent-user", "admin", "--", "true")
+    assert r.returncode == 2 and b"invalid choice: 'admin' (choose from 'agent', 'root')" in r.stderr
 
 
 # ------------------------------------------------------------------------------ on an image
