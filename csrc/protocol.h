@@ -14,6 +14,12 @@
 
 #define KP_MAX_MSG (256 * 1024)
 
+/* The most an agent may hold (KT_CAPS, SandboxSpec.agent_user="root"): the file-ownership
+ * capabilities of root of the sandbox's user namespace, bits CHOWN 0, DAC_OVERRIDE 1,
+ * FOWNER 3, FSETID 4, KILL 5, SETGID 6, SETUID 7. init refuses a config with any other.
+ * Why these suffice and what stays out: docs/image-sandbox.md, "Root inside". */
+#define KP_ROOT_CAPS 0xfbULL
+
 struct kp_header {
     uint32_t type;
     uint32_t id;
@@ -53,6 +59,7 @@ enum {
     KT_SECCOMP = 4,  /* struct sock_filter[] */
     KT_RLIMIT = 5,   /* struct kp_rlimit */
     KT_LOOPBACK = 6, /* empty: bring lo up */
+    KT_CAPS = 7,     /* u64: the agent's capabilities, within KP_ROOT_CAPS; absent: none */
     /* KP_EXEC */
     KT_ARGV = 20, /* NUL-separated strings */
     KT_ENV = 21,  /* NUL-separated strings */
@@ -89,6 +96,9 @@ enum kp_step {
     KS_SECCOMP_LOAD = 18,    /* by init, or by an exec's child in nested mode */
     KS_WORKSPACE = 19,       /* open /workspace for the host */
     KS_SIGNALFD = 20,
+    KS_BOUNDING_SET = 21, /* reduce it to the agent's capabilities: by init, or by an exec's
+                             child in nested mode */
+    KS_HIDE_INIT = 22,    /* agent_user "root": remount /proc hidepid=2, so init is hidden */
     /* setup: the roots (csrc/init/mounts.c) */
     KS_MOUNT_PRIVATE = 30, /* make / private */
     KS_STAGING_TMPFS = 31,
@@ -139,6 +149,7 @@ enum kp_step {
     KS_CHDIR = 100, /* the exec's cwd */
     KS_NO_NEW_PRIVS = 101,
     KS_EXECVE = 102,
+    KS_AGENT_CAPS = 103, /* capset to exactly KT_CAPS */
 };
 
 /* Mount plan operations, executed in order; dst is relative to the new root. */

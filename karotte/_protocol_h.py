@@ -18,6 +18,7 @@ KT_MOUNT = 3
 KT_SECCOMP = 4
 KT_RLIMIT = 5
 KT_LOOPBACK = 6
+KT_CAPS = 7
 KT_ARGV = 20
 KT_ENV = 21
 KT_CWD = 22
@@ -37,6 +38,7 @@ KM_DIR = 6
 KM_FILE = 7
 KM_OVERLAY = 8
 KP_MAX_MSG = 262144
+KP_ROOT_CAPS = 251
 KMF_RDONLY = 1
 KMF_DEV = 2
 
@@ -57,6 +59,8 @@ STEP_NAMES = {
     18: "KS_SECCOMP_LOAD",
     19: "KS_WORKSPACE",
     20: "KS_SIGNALFD",
+    21: "KS_BOUNDING_SET",
+    22: "KS_HIDE_INIT",
     30: "KS_MOUNT_PRIVATE",
     31: "KS_STAGING_TMPFS",
     32: "KS_STAGING_DIRS",
@@ -102,6 +106,7 @@ STEP_NAMES = {
     100: "KS_CHDIR",
     101: "KS_NO_NEW_PRIVS",
     102: "KS_EXECVE",
+    103: "KS_AGENT_CAPS",
 }
 
 # struct -> (sizeof, ((field, offsetof, sizeof), ...))

@@ -1,8 +1,8 @@
 """The plan of a sandbox: what karotte-init is told to build before the first command.
 
-One CONFIG message, made of each mechanism's part: the ids (karotte/userns.py), hostname,
-the seccomp filter (karotte/seccomp.py), rlimits, the network (karotte/net.py) and the
-mount plan (karotte/mounts.py). init reads it in apply_config (csrc/init/main.c).
+One CONFIG message, made of each mechanism's part: the agent's ids (karotte/userns.py) and
+capabilities (spec.agent_user), hostname, the seccomp filter (karotte/seccomp.py), rlimits,
+the network (karotte/net.py) and the mount plan (karotte/mounts.py). init reads it in apply_config (csrc/init/main.c).
 """
 from __future__ import annotations
 
@@ -26,8 +26,13 @@ def config_message(spec: SandboxSpec, ident: Identity, tree: str | None = None) 
     """The CONFIG message of a sandbox: everything init sets up before its first command.
     tree: the image's tree (karotte/imageroot.py), or None for the host's userland."""
     msg = p.Message(p.CONFIG)
-    msg.record(p.T_IDS, AGENT_UID.to_bytes(4, "little") + AGENT_UID.to_bytes(4, "little")
+    # agent_user="root": uid 0 of the sandbox's namespace (nested: of its own) with the
+    # capabilities of p.ROOT_CAPS; "agent": uid 1000 and no T_CAPS, so no capability.
+    uid = 0 if spec.agent_user == "root" else AGENT_UID
+    msg.record(p.T_IDS, uid.to_bytes(4, "little") + uid.to_bytes(4, "little")
                + int(ident.nested).to_bytes(4, "little"))
+    if spec.agent_user == "root":
+        msg.record(p.T_CAPS, p.ROOT_CAPS.to_bytes(8, "little"))
     msg.string(p.T_HOSTNAME, spec.hostname)
     msg.record(p.T_SECCOMP, _seccomp_filter())
     msg.rlimit(resource.RLIMIT_NOFILE, spec.nofile, spec.nofile)

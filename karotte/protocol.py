@@ -15,6 +15,7 @@ from typing import Iterator
 from . import _protocol_h as h
 
 MAX_MSG = h.KP_MAX_MSG
+ROOT_CAPS = h.KP_ROOT_CAPS  # the most T_CAPS may give the agent
 
 # host -> init
 CONFIG, EXEC, SIGNAL, GO = h.KP_CONFIG, h.KP_EXEC, h.KP_SIGNAL, h.KP_GO
@@ -23,8 +24,8 @@ READY, SETUP_ERR, EXEC_ERR, EXITED, TTY = (h.KP_READY, h.KP_SETUP_ERR, h.KP_EXEC
                                            h.KP_EXITED, h.KP_TTY)
 
 # record tags
-T_IDS, T_HOSTNAME, T_MOUNT, T_SECCOMP, T_RLIMIT, T_LOOPBACK = (
-    h.KT_IDS, h.KT_HOSTNAME, h.KT_MOUNT, h.KT_SECCOMP, h.KT_RLIMIT, h.KT_LOOPBACK)
+T_IDS, T_HOSTNAME, T_MOUNT, T_SECCOMP, T_RLIMIT, T_LOOPBACK, T_CAPS = (
+    h.KT_IDS, h.KT_HOSTNAME, h.KT_MOUNT, h.KT_SECCOMP, h.KT_RLIMIT, h.KT_LOOPBACK, h.KT_CAPS)
 T_ARGV, T_ENV, T_CWD, T_TTY = h.KT_ARGV, h.KT_ENV, h.KT_CWD, h.KT_TTY
 T_SIGNAL = h.KT_SIGNAL
 T_ERRNO, T_WHAT, T_STEP, T_WAIT_STATUS, T_RUSAGE = (h.KT_ERRNO, h.KT_WHAT, h.KT_STEP,

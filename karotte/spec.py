@@ -91,6 +91,7 @@ class Bind:
                                 f"else, such as /data")
 
 
+AGENT_USERS = ("agent", "root")
 _BYTES = ("memory", "disk", "tmp_size", "home_size", "output_limit")
 
 
@@ -114,6 +115,10 @@ class SandboxSpec:
     # The root filesystem: "host" (the host's userland, read-only) or "dir:/ABS/PATH" (an
     # overlay on that directory tree; karotte/imageroot.py, docs/image-sandbox.md).
     image: str = "host"
+    # Who runs the commands: "agent" (uid 1000, no capabilities) or "root" (uid 0 of the
+    # sandbox's own user namespace with only the file-ownership capabilities, for image
+    # tasks that install packages or chown; docs/image-sandbox.md, "Root inside").
+    agent_user: str = "agent"
     # Protections (names as in `karotte-sandbox check`) the caller accepts to go without.
     allow_degraded: frozenset[str] = field(default_factory=frozenset)
 
@@ -139,6 +144,8 @@ class SandboxSpec:
             raise SpecError("pids", "at least 2 (init and one command)", self.pids)
         _check_distinct(self.binds)
         _check_image(self.image)
+        if self.agent_user not in AGENT_USERS:
+            raise SpecError("agent_user", " or ".join(map(repr, AGENT_USERS)), self.agent_user)
         if isinstance(self.allow_degraded, (set, list, tuple)):
             object.__setattr__(self, "allow_degraded", frozenset(self.allow_degraded))
         _check_degraded(self.allow_degraded)

@@ -73,6 +73,8 @@ STEPS: dict[str, Step] = {
     "seccomp-load": Step(("seccomp",), _SECCOMP_SETUP),
     "workspace": Step(),
     "signalfd": Step(),
+    "bounding-set": Step(("capabilities-dropped",)),
+    "hide-init": Step(hints={errno.EPERM: _MOUNT_REFUSED}),
     # setup: the roots (csrc/init/mounts.c)
     "mount-private": Step(_MNT),
     "staging-tmpfs": Step(_MNT),
@@ -123,6 +125,7 @@ STEPS: dict[str, Step] = {
     "chdir": Step(),
     "no-new-privs": Step(("no-new-privs",)),
     "execve": Step(),
+    "agent-caps": Step(("capabilities-dropped",)),
 }
 
 # What to do when the step that sets up a line failed, by line; DEFAULT_FIX for the rest.

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/capability.h>
 #include <linux/seccomp.h>
 #include <sched.h>
 #include <signal.h>
@@ -21,12 +22,38 @@
 
 /* ---- exec -------------------------------------------------------------------- */
 
-void drop_bounding_set(void)
+_Static_assert(KP_ROOT_CAPS == (1ULL << CAP_CHOWN | 1ULL << CAP_DAC_OVERRIDE | 1ULL << CAP_FOWNER |
+                                1ULL << CAP_FSETID | 1ULL << CAP_KILL | 1ULL << CAP_SETGID |
+                                1ULL << CAP_SETUID),
+               "KP_ROOT_CAPS is the file-ownership capabilities and CAP_KILL");
+
+/* The bounding set is the ceiling of every execve below: nothing the agent runs can gain
+ * a capability outside it (docs/image-sandbox.md, "Root inside"). keep: the agent's own. */
+int drop_bounding_set(uint64_t keep)
 {
-    for (int cap = 0; cap <= 63; cap++)
-        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
-            return;
-    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    for (int cap = 0; cap <= 63; cap++) {
+        if (keep & (1ULL << cap))
+            continue;
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0) {
+            if (errno == EINVAL) /* past the last capability this kernel knows */
+                break;
+            return -1;
+        }
+    }
+    return prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+}
+
+/* Effective and permitted exactly caps, inheritable none (so ambient none too). As uid 0
+ * an execve then gives permitted = bounding set | inheritable = caps again; as any other
+ * uid, nothing. */
+static int set_caps(uint64_t caps)
+{
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2] = {
+        {(uint32_t)caps, (uint32_t)caps, 0},
+        {(uint32_t)(caps >> 32), (uint32_t)(caps >> 32), 0},
+    };
+    return (int)syscall(SYS_capset, &hdr, data);
 }
 
 int load_filter(void)
@@ -89,7 +116,8 @@ void __attribute__((noreturn)) agent_child(char **argv, char **envp, const char 
     }
     if (cfg.nested) {
         /* The host gave us a single uid; the agent gets a user namespace of its own
-         * in which that uid is agent_uid, so it is never root of init's namespace. */
+         * in which that uid is agent_uid, so it is never root of init's namespace (with
+         * agent_user="root", agent_uid 0: root of its own, a child of init's). */
         STEP(KS_AGENT_USERNS, "unshare the agent's user namespace");
         if (unshare(CLONE_NEWUSER) < 0)
             goto fail;
@@ -101,7 +129,9 @@ void __attribute__((noreturn)) agent_child(char **argv, char **envp, const char 
         STEP(KS_AGENT_GID_MAP, "write the agent's gid_map");
         if (write_proc_self("gid_map", map) < 0)
             goto fail;
-        drop_bounding_set();
+        STEP(KS_BOUNDING_SET, "reduce the bounding set to the agent's capabilities");
+        if (drop_bounding_set(cfg.agent_caps) < 0)
+            goto fail;
     } else {
         STEP(KS_SETGROUPS, "drop supplementary groups");
         if (setgroups(0, NULL) < 0)
@@ -113,6 +143,11 @@ void __attribute__((noreturn)) agent_child(char **argv, char **envp, const char 
     /* All three uids non-zero: the kernel clears permitted and effective caps. */
     STEP(KS_SETRESUID, "setresuid");
     if (setresuid(cfg.agent_uid, cfg.agent_uid, cfg.agent_uid) < 0)
+        goto fail;
+    /* Exactly the config's capabilities whatever the uid: uid 0 keeps only KT_CAPS of
+     * init's (or, nested, of its fresh namespace's) full set; uid 1000 has none already. */
+    STEP(KS_AGENT_CAPS, "set the agent's capabilities");
+    if (set_caps(cfg.agent_caps) < 0)
         goto fail;
     /* The steps that take a path name it: "chdir /x: No such file or directory". */
     snprintf(what, sizeof(what), "chdir %s", cwd);

@@ -34,6 +34,7 @@
 
 struct config {
     uint32_t agent_uid, agent_gid, nested;
+    uint64_t agent_caps; /* KT_CAPS: what the agent holds, within KP_ROOT_CAPS; 0 by default */
     const char *hostname;
     const struct sock_filter *filter;
     unsigned short filter_len;
@@ -79,7 +80,7 @@ void enter_root(void);
 void bring_up_loopback(void);
 
 /* agent.c */
-void drop_bounding_set(void);
+int drop_bounding_set(uint64_t keep);
 int load_filter(void);
 void __attribute__((noreturn)) agent_child(char **argv, char **envp, const char *cwd, int tty,
                                            int nfds, int errpipe);

@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -55,6 +56,14 @@ static void apply_config(const char *msg, size_t len)
             if (rlen != sizeof(struct kp_rlimit) || cfg.n_rlimits >= MAX_RLIMITS)
                 goto bad;
             memcpy(&cfg.rlimits[cfg.n_rlimits++], data, sizeof(struct kp_rlimit));
+            break;
+        case KT_CAPS:
+            /* A host bug must not hand the agent SYS_ADMIN: only what KP_ROOT_CAPS allows. */
+            if (rlen != 8)
+                goto bad;
+            memcpy(&cfg.agent_caps, data, 8);
+            if (cfg.agent_caps & ~KP_ROOT_CAPS)
+                goto bad;
             break;
         case KT_LOOPBACK:
             cfg.loopback = 1;
@@ -135,6 +144,15 @@ int main(void)
     if (!cfg.nested && setgroups(0, NULL) < 0)
         setup_fail(KS_SETGROUPS, "drop supplementary groups");
     enter_root();
+    if (cfg.agent_caps) {
+        /* A root agent is init's own uid, and a non-dumpable init's /proc/1 belongs to
+         * the namespace's root: it could raise init's oom_score_adj, and memory.oom.group
+         * would then kill init with the agent's next OOM (ROOT-OOM-01). hidepid=2 shows a
+         * process only to those who may ptrace it, and no agent may ptrace init. */
+        if (mount(NULL, "/proc", NULL, MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  "hidepid=2") < 0)
+            setup_fail(KS_HIDE_INIT, "remount /proc with hidepid=2");
+    }
     /* inotify instances and watches are counted per user and, on the host, against the
      * user namespace's creator: cap what this sandbox can take from that shared pool.
      * These files are the limits of our own user namespace (we are its root). */
@@ -159,7 +177,8 @@ int main(void)
         /* The agent's bounding set and filter, once: every command inherits both
          * through fork, and neither takes what init still uses (docs/init.md). In
          * nested mode agent_child does both itself. */
-        drop_bounding_set();
+        if (drop_bounding_set(cfg.agent_caps) < 0)
+            setup_fail(KS_BOUNDING_SET, "reduce the bounding set to the agent's capabilities");
         if (cfg.filter_len && load_filter() < 0)
             setup_fail(KS_SECCOMP_LOAD, "load seccomp filter");
     }

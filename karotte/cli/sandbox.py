@@ -25,7 +25,7 @@ import tty
 from .. import __version__, gc, lifecycle
 from ..errors import KarotteError
 from ..results import ExecResult
-from ..spec import Bind, BindError, SandboxSpec, SpecError, parse_size
+from ..spec import AGENT_USERS, Bind, BindError, SandboxSpec, SpecError, parse_size
 
 EXIT_TIMEOUT = 124
 EXIT_SANDBOX_FAILED = 125
@@ -63,7 +63,8 @@ def _spec_from_args(args: argparse.Namespace, timeout: float | None = None) -> S
     if timeout is not None and "timeout" not in given:
         given["timeout"] = timeout
     try:
-        spec = SandboxSpec(network=args.net, binds=_binds(args), image=args.image, **given)
+        spec = SandboxSpec(network=args.net, binds=_binds(args), image=args.image,
+                           agent_user=args.agent_user, **given)
     except SpecError as exc:
         if exc.field == "image":
             raise ValueError(f"--image {args.image}: must be {exc.requirement}") from None
@@ -135,6 +136,10 @@ def _add_limit_options(p: argparse.ArgumentParser, timeout_default: float) -> No
                         "dir:/TREE, oci:PATH[:TAG], oci-archive:FILE, docker-archive:FILE, "
                         "debian:SUITE[+PKG,...], or a name given at `karotte image import`; "
                         "imported into the image store on first use")
+    p.add_argument("--agent-user", choices=AGENT_USERS, default="agent",
+                   help="who runs the command: agent (uid 1000, no capabilities, the "
+                        "default) or root (uid 0 of the sandbox's user namespace with only "
+                        "the file-ownership capabilities, for package managers and chown)")
     p.add_argument("--net", choices=["none"], default="none",
                    help="network: none = a private network namespace with loopback only")
     p.add_argument("--bind", action="append", default=[], metavar="SRC:DST[:ro|rw]",
