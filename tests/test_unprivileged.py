@@ -131,3 +131,27 @@ def test_RES_BPFJIT_01_the_agent_of_an_unprivileged_caller_cannot_load_filters(d
     out = _run_as_nobody({"KAROTTE_CGROUP_PARENT": delegated_v1_parent})
     assert out["filters"] == "1"
     assert out["bpfjit"] == {name: "EPERM" for name, _, _ in BPF_JIT_CALLS}
+
+
+HIDE_INIT = r"""
+import json
+from karotte.sandbox import Sandbox
+from karotte.spec import SandboxSpec, MiB
+from karotte.protections import NO_CGROUP
+with Sandbox(SandboxSpec(memory=96 * MiB, allow_degraded=NO_CGROUP)) as sb:
+    wrote = sb.exec("echo 1000 > /proc/1/oom_score_adj").exit_code
+    signals = sb.exec("kill -0 1").exit_code  # init is still there, only hidden
+    print(json.dumps([wrote, signals, sb.exec(["echo", "alive"]).stdout.decode()]))
+"""
+
+
+def test_ROOT_OOM_01_an_unprivileged_callers_agent_cannot_raise_inits_oom_score():
+    # The agent is the caller's own host uid, as init is: it owned init's /proc/1 files
+    # and could make init the OOM killer's first choice, ending its own sandbox mid-run.
+    site = sysconfig.get_paths()["purelib"]
+    r = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                        SYSTEM_PYTHON, "-c", HIDE_INIT], capture_output=True, timeout=120,
+                       cwd="/", env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{PROJECT}:{site}"})
+    assert r.returncode == 0, r.stderr.decode()
+    wrote, signals, alive = json.loads(r.stdout)
+    assert wrote != 0 and signals == 0 and alive == "alive\n"

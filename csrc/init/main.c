@@ -144,10 +144,10 @@ int main(void)
     if (!cfg.nested && setgroups(0, NULL) < 0)
         setup_fail(KS_SETGROUPS, "drop supplementary groups");
     enter_root();
-    if (cfg.agent_caps) {
-        /* A root agent is init's own uid, and a non-dumpable init's /proc/1 belongs to
-         * the namespace's root: it could raise init's oom_score_adj, and memory.oom.group
-         * would then kill init with the agent's next OOM (ROOT-OOM-01). hidepid=2 shows a
+    if (cfg.agent_caps || cfg.nested) {
+        /* An agent that is init's own host uid (a root agent; every agent of an
+         * unprivileged caller) owns init's /proc/1 files: it could raise init's
+         * oom_score_adj, so that its next OOM kills init (ROOT-OOM-01). hidepid=2 shows a
          * process only to those who may ptrace it, and no agent may ptrace init. */
         if (mount(NULL, "/proc", NULL, MS_REMOUNT | MS_NOSUID | MS_NODEV | MS_NOEXEC,
                   "hidepid=2") < 0)
