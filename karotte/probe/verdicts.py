@@ -98,8 +98,12 @@ class _HostCheck:
 
     def pid_ns(self) -> _Seen:
         procs, comm = self.inside["procs"], self.inside["init_comm"]
-        ok = comm == "karotte-init" and set(procs) <= {1, self.inside["pid"]}
-        return (f"the agent sees {len(procs)} processes, PID 1 is {comm}", ok,
+        # An agent that shares init's host uid sees /proc with hidepid=2: init is hidden
+        # from it, but is there (kill(1, 0) reaches it).
+        hidden = comm is None and 1 not in procs and self.inside.get("signal_init") == 0
+        ok = (comm == "karotte-init" or hidden) and set(procs) <= {1, self.inside["pid"]}
+        init = "hidden from the agent (hidepid=2)" if hidden else comm
+        return (f"the agent sees {len(procs)} processes, PID 1 is {init}", ok,
                 f"the agent sees processes {procs[:10]} and PID 1 is {comm!r}")
 
     def mnt_ns(self) -> _Seen:
