@@ -39,7 +39,7 @@ from conftest import BPF_JIT_CALLS, SYSCALL_PROBE
 from envs.pipeline import (Closeness, GraderProbe, Inventory, Mean, NaiveUntar, RegexValidated,
                            RunReport, Runs, SloppyParser, Timestamps)
 from envs.speed import PrimeCount
-from karotte import custody
+from karotte import custody, userland
 from karotte.episode import AsyncEpisode, Episode, Outcome
 from karotte.grading import LIB_MOUNT
 from karotte.sandbox import DEFAULT_ENV
@@ -529,8 +529,9 @@ def test_LEAK_FS_01_hidden_tests_are_nowhere_in_the_agents_sandbox():
     for case in hidden_cases(FIX_SEED).values():
         assert case["expect"] not in r.text
     mounts = [line.split()[4] for line in found["mounts"]]
+    hiding = {path for path, _ in userland.hiding_mounts()}  # empty dirs over the trainer's
     assert mounts and all(m in ("/", "/usr", "/etc", "/proc", "/tmp", "/workspace", "/home/agent")
-                          or m.startswith(("/etc/", "/dev/")) for m in mounts), mounts
+                          or m in hiding or m.startswith(("/etc/", "/dev/")) for m in mounts), mounts
     scored_bottom(outcome)
 
 
