@@ -24,7 +24,7 @@ from . import cgroups
 from .environment import Environment
 from .episode import Episode, Outcome
 from .errors import KarotteError
-from .grading import GRADER_FAILURES, log_tail, preflight, why_of
+from .grading import GRADER_FAILURES, grader_flags, log_tail, preflight, why_of
 from .prediction import exploit_commands, predicted_hidden
 from .seeding import env_seed
 from .tools import call_tool
@@ -372,7 +372,8 @@ class _Judge:
         on = "" if python.image == "host" else f", on the image {python.image}"
         self.results.append(CheckResult(
             "grader-imports", None, "", True,
-            f"the grader imports it under {python.path} -I -S (Python {python.version}{on})",
+            f"the grader imports it under {python.path} {' '.join(grader_flags(python.image))} "
+            f"(Python {python.version}{on})",
             time.monotonic() - t))
         return True
 
