@@ -47,7 +47,7 @@ send_message(a, b"x" * 100000)
 assert recv_message(b, 200000) == b"x" * 100000
 ctx = GradeContext(1, a)
 assert ctx.read_deliverable("none") is None
-for name in ("q3_revenue:Q3Revenue", "fix_tests:FixTests",
+for name in ("q3_revenue:Q3Revenue", "fix_tests:FixTests", "fix_tests_pytest:FixTestsPytest",
              "speedup:Speedup"):
     load("karotte.examples." + name)()
 assert Grade(1).reward == 1.0
