@@ -24,7 +24,7 @@ from . import cgroups
 from .environment import Environment
 from .episode import Episode, Outcome
 from .errors import KarotteError
-from .grading import GRADER_FAILURES, PYTHON, log_tail, preflight, why_of
+from .grading import GRADER_FAILURES, grader_flags, log_tail, preflight, why_of
 from .prediction import exploit_commands, predicted_hidden
 from .seeding import env_seed
 from .tools import call_tool
@@ -364,14 +364,17 @@ class _Judge:
         episode is an infra error and nothing else is worth playing."""
         t = time.monotonic()
         try:
-            preflight(self.env)
+            python = preflight(self.env)
         except (KarotteError, OSError) as exc:
             self.results.append(CheckResult("grader-imports", None, "", False, str(exc),
                                             time.monotonic() - t))
             return False
-        self.results.append(CheckResult("grader-imports", None, "", True,
-                                        f"the grader imports it under {PYTHON} -I -S",
-                                        time.monotonic() - t))
+        on = "" if python.image == "host" else f", on the image {python.image}"
+        self.results.append(CheckResult(
+            "grader-imports", None, "", True,
+            f"the grader imports it under {python.path} {' '.join(grader_flags(python.image))} "
+            f"(Python {python.version}{on})",
+            time.monotonic() - t))
         return True
 
     def null_agent(self) -> float:

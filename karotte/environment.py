@@ -29,18 +29,19 @@ next to the agent.
 (karotte/seeding.py), so an agent cannot find it and run the public generator for the
 hidden data. docs/examples.md says how a generator stays safe.
 
-This module is imported inside the grading sandbox too (by the system Python, with only
-the standard library): keep its imports to spec and the standard library.
+This module is imported inside the grading sandbox too (by the host's system Python with
+only the standard library, or by a grader image's python3, 3.9 or newer): keep its imports
+to spec and the standard library, and its code to what Python 3.9 runs.
 """
 from __future__ import annotations
 
 import importlib
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
-from .spec import GiB, MiB, SandboxSpec, ScanLimits
+from .spec import GiB, MiB, SandboxSpec, ScanLimits, SpecError
 
 if TYPE_CHECKING:
     from .grader_runtime import GradeContext
@@ -83,9 +84,19 @@ class Grade:
 class Environment:
     """Base class of a task. Override prompt() and grade(); the rest has defaults."""
 
-    #: the agent's sandbox
+    #: the agent's root filesystem: "host" (the host's userland, read-only) or an image
+    #: reference of docs/images.md ("debian:bookworm+python3-pytest", "oci:/srv/task:v1",
+    #: "docker-archive:/srv/task.tar", "dir:/srv/rootfs", a name given at import). The
+    #: programs the grader runs with ctx.run run on it too.
+    image: ClassVar[str] = "host"
+    #: the grading sandbox's root filesystem; None (the default): the agent's image. The
+    #: grader runs under its python3 (/usr/bin/python3, else the first on its PATH), 3.9
+    #: or newer, with whatever it holds (pytest, numpy)
+    grader_image: ClassVar[str | None] = None
+    #: the agent's sandbox (its image is `image`)
     limits: ClassVar[SandboxSpec] = SandboxSpec()
-    #: the grading sandbox; its timeout bounds the whole grading, nested runs included
+    #: the grading sandbox (its image is `grader_image`); its timeout bounds the whole
+    #: grading, nested runs included
     grader_limits: ClassVar[SandboxSpec] = SandboxSpec(memory=1 * GiB, pids=256, timeout=300.0,
                                                        disk=256 * MiB)
     #: paths under /workspace that grade() reads. A violation on one (a symlink, a FIFO,
@@ -190,6 +201,7 @@ def check_environment(env: object) -> Environment:
         if not isinstance(getattr(env, attr), kind):
             raise TypeError(f"{name}.{attr} must be a {kind.__name__}, got "
                             f"{type(getattr(env, attr)).__name__}")
+    _check_images(env, name)
     bounds = env.reward_range
     if not (isinstance(bounds, tuple) and len(bounds) == 2
             and all(isinstance(b, numbers.Real) and not isinstance(b, bool)
@@ -197,6 +209,40 @@ def check_environment(env: object) -> Environment:
         raise ValueError(f"{name}.reward_range must be (bottom, top), two finite numbers with "
                          f"bottom < top, got {bounds!r}")
     return env
+
+
+def _check_images(env: Environment, name: str) -> None:
+    """image and grader_image in the grammar of image references, and no image set in the
+    limits themselves: the image of each sandbox is declared in one place."""
+    for attr, value in (("image", env.image), ("grader_image", env.grader_image)):
+        if value is None and attr == "grader_image":
+            continue
+        try:
+            SandboxSpec(image=value)
+        except SpecError as exc:
+            raise ValueError(f"{name}.{attr} must be {exc.requirement}, got {value!r}") from None
+    for attr, declared in (("limits", "image"), ("grader_limits", "grader_image")):
+        spec = getattr(env, attr)
+        if spec.image != "host":
+            raise ValueError(f"{name}.{attr} names the image {spec.image!r}; declare it as "
+                             f"{name}.{declared} = {spec.image!r} instead (the limits take "
+                             f"their image from there)")
+
+
+def grader_image_of(env: Environment) -> str:
+    """The grading sandbox's image: grader_image, or the agent's image when it is None."""
+    return env.image if env.grader_image is None else env.grader_image
+
+
+def agent_spec(env: Environment) -> SandboxSpec:
+    """The agent's sandbox: env.limits on env.image (on "host", env.limits itself)."""
+    return env.limits if env.image == "host" else replace(env.limits, image=env.image)
+
+
+def grader_spec(env: Environment) -> SandboxSpec:
+    """The grading sandbox: env.grader_limits on the grader's image."""
+    image = grader_image_of(env)
+    return env.grader_limits if image == "host" else replace(env.grader_limits, image=image)
 
 
 def load(target: str) -> type[Environment]:

@@ -26,16 +26,19 @@ import io
 import math
 import numbers
 import tarfile
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Generic, Mapping, TypeVar
 
+from . import imageref, images
 from .custody import Custody, deliverable_violations, take_custody
-from .environment import Environment, File, check_environment, check_files, load
+from .environment import Environment, File, agent_spec, check_environment, check_files, load
 from .errors import KarotteError, SandboxClosed
 from .grading import GradeReport, run_grader
 from .limiter import DEFAULT_CONCURRENCY, set_concurrency  # noqa: F401 (their old home)
 from .limiter import Limiter, Slots, default_limiter
+from .mounts import WORKSPACE
 from .outcome import (ARGUMENT_LOG_LIMIT, GRADER_LOG_RECORD_LIMIT, INFRA_ERROR_LIMIT, ExecRecord,
                       Outcome, Timings, bounded_details)
 from .results import ExecResult, capped
@@ -60,6 +63,14 @@ trap __karotte_save EXIT
 eval "$1"
 """ % {"state": SHELL_STATE}
 UNTAR = ["tar", "-x", "--no-same-owner", "-m", "-C", "/workspace", "-f", "-"]
+# What the tools run on an image, checked at reset, so that an image without one fails
+# there, named, and not at the agent's first call: the bash tool /bin/bash (no /bin/sh
+# fallback: the shell state above is bash's, and agents write bash), write_file /bin/sh,
+# read_file cat, placing the task's files tar. The host's userland has them all. Each is
+# looked for in PATH as the exec does (`command -v` would also find a shell's builtins).
+IMAGE_TOOLS = ["/bin/sh", "-c", "[ -x /bin/bash ] || echo /bin/bash; for t in cat tar; do "
+               'f=; IFS=:; for d in $PATH; do [ -x "$d/$t" ] && f=1; done; unset IFS; '
+               '[ -n "$f" ] || echo "$t"; done; true']
 TRUNCATED = "\n[karotte: output truncated, only the first {limit} bytes of {stream} are shown]\n"
 MAX_ARGUMENT = 128 * 1024 - 1  # MAX_ARG_STRLEN: the kernel's limit on one argv string
 DEFAULT_MAX_TURNS = 1000
@@ -111,6 +122,22 @@ def _tarball(files: Mapping[str, bytes | str | File]) -> bytes:
 def bash_argv(command: str) -> list[str]:
     """The agent's bash tool: one command run in the persistent shell state."""
     return ["/bin/bash", "--noprofile", "--norc", "-c", SHELL, "bash", command]
+
+
+_imported: set[str] = set()  # images this process has imported into the store
+_import_lock = threading.Lock()
+
+
+def import_once(image: str) -> None:
+    """Import image into the store before this process's first sandbox on it, one import at
+    a time: episodes that start together wait for one import (a debian: build takes a
+    minute) instead of each making its own. "host" and dir: trees are not imported."""
+    if image in _imported or imageref.parse(image).kind in ("host", "dir"):
+        return
+    with _import_lock:
+        if image not in _imported:
+            images.open_image(image)
+            _imported.add(image)
 
 
 def _seed(seed: object) -> int:
@@ -174,8 +201,25 @@ class _Flow:
     # -- reset
 
     def agent_spec(self) -> SandboxSpec:
-        """The environment's limits, with its own package hidden (karotte/userland.py)."""
-        return hide_package(self.env.limits, type(self.env).__module__)
+        """The environment's limits on its image, with its own package hidden from the host's
+        userland (karotte/userland.py). Its image is imported here if need be."""
+        import_once(self.env.image)
+        return hide_package(agent_spec(self.env), type(self.env).__module__)
+
+    @property
+    def on_image(self) -> bool:
+        return self.env.image != "host"
+
+    def tools_there(self, result: ExecResult) -> None:
+        """Raises unless the agent's image has what the tools run (IMAGE_TOOLS)."""
+        missing = ["/bin/sh"] if result.error else result.stdout.decode(errors="replace").split()
+        if missing:
+            raise KarotteError(
+                f"the agent's image {self.env.image} has no {', '.join(missing)}: the episode's "
+                "tools run /bin/bash (the bash tool), /bin/sh (write_file), cat (read_file) "
+                "and tar (placing the task's files); install bash, coreutils and tar in it "
+                "(debian: images have them; `apk add bash coreutils tar` on Alpine), or set "
+                f"{type(self.env).__qualname__}.image to an image that has them")
 
     def begin_reset(self) -> None:
         if self.finished is not None:
@@ -438,6 +482,8 @@ class Episode(_Facts[Sandbox]):
         prompt, setup = flow.prepare()
         self._sandbox = Sandbox(flow.agent_spec())
         try:
+            if flow.on_image:
+                flow.tools_there(self._sandbox.exec(IMAGE_TOOLS))
             if setup:
                 flow.placed(self._sandbox.exec(setup[0], stdin=setup[1]))
         except BaseException:
@@ -465,7 +511,8 @@ class Episode(_Facts[Sandbox]):
         call = self._flow.call(tool, argument, stdin, timeout)
         if not isinstance(call, ToolResult):
             call = self._flow.record(call, sb.exec(call.argv, stdin=call.stdin,
-                                                   timeout=call.timeout), sb.spec.output_limit)
+                                                   timeout=call.timeout, cwd=WORKSPACE),
+                                     sb.spec.output_limit)
         if self.done:  # the budget ended it
             self.close()
         return call
@@ -537,7 +584,11 @@ class AsyncEpisode(_Facts[AsyncSandbox]):
         t = time.monotonic()
         try:
             prompt, setup = await self._in_thread(flow.prepare)
-            self._sandbox = await AsyncSandbox(flow.agent_spec()).start()
+            # On an image, in a thread: its first use in this process imports it.
+            spec = await self._in_thread(flow.agent_spec) if flow.on_image else flow.agent_spec()
+            self._sandbox = await AsyncSandbox(spec).start()
+            if flow.on_image:
+                flow.tools_there(await self._sandbox.exec(IMAGE_TOOLS))
             if setup:
                 flow.placed(await self._sandbox.exec(setup[0], stdin=setup[1]))
         except BaseException:
@@ -561,7 +612,7 @@ class AsyncEpisode(_Facts[AsyncSandbox]):
         call = self._flow.call(tool, argument, stdin, timeout)
         if not isinstance(call, ToolResult):
             call = self._flow.record(call, await sb.exec(call.argv, stdin=call.stdin,
-                                                         timeout=call.timeout),
+                                                         timeout=call.timeout, cwd=WORKSPACE),
                                      sb.spec.output_limit)
         if self.done:  # the budget ended it
             await self.close()

@@ -1,5 +1,7 @@
 """Exceptions. Each message names the cause and the fix."""
 
+from __future__ import annotations
+
 import errno
 
 from .protections import PROTECTIONS

@@ -1,11 +1,12 @@
 """The grading process: loads the environment, calls grade(ctx), reports over fd 3.
 
 karotte/grading.py starts it in a fresh sandbox as ``python3 -I -S -B -c BOOT TARGET
-SEED``, with fd 3 a private SOCK_SEQPACKET channel to the host. The reward goes back over
+SEED`` (on an image, its python3 without -S), with fd 3 a private SOCK_SEQPACKET channel to the host. The reward goes back over
 that channel, which nothing but this process holds; stdout and stderr are logs only.
 The preflight imports the environment the same way and prints what failed.
 
-Standard library only: this runs under the system Python with nothing installed.
+Standard library only, Python 3.9 and newer: this runs under the host's system Python
+with nothing installed, or under a grader image's python3.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def _finish(channel: socket.socket, message: dict[str, Any]) -> None:
 
 
 def preflight() -> None:
-    """python3 -I -S -c '...preflight()' TARGET: import the environment as main() does,
+    """python3 -I [-S] -c '...preflight()' TARGET: import the environment as main() does,
     and print on stdout, as JSON, this Python's version and what failed, if anything:
     the error, its message and the file and line of the author's code it points at."""
     found: dict[str, Any] = {"python": sys.version.split()[0]}  # platform.python_version()'s
@@ -46,7 +47,7 @@ def preflight() -> None:
 
 
 def main() -> None:
-    """python3 -I -S -c '...main()' TARGET SEED: grade, and report over fd 3."""
+    """python3 -I [-S] -c '...main()' TARGET SEED: grade, and report over fd 3."""
     target, seed = sys.argv[1], int(sys.argv[2])
     channel = socket.socket(fileno=CHANNEL_FD)
     os.set_inheritable(CHANNEL_FD, False)

@@ -7,7 +7,8 @@ Programs the agent wrote never run in that process: ctx.run() asks the host to r
 in a sandbox of their own, nested under the grader's cgroup, and the host measures them
 from outside.
 
-Standard library only: this runs under the system Python with nothing installed.
+Standard library only, Python 3.9 and newer: this runs under the host's system Python
+with nothing installed, or under a grader image's python3.
 """
 from __future__ import annotations
 

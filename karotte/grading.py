@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import cgroups, hostdirs
-from .environment import Environment, target_of
+from .environment import Environment, grader_image_of, grader_spec, target_of
 from .errors import KarotteError
 from .grader_runtime import (REQUEST_LIMIT, RUN_FILES, RUN_OUTPUT_LIMIT, WORKSPACE, GraderError,
                              check_run, encode_result, recv_message, send_message)
@@ -38,14 +38,28 @@ from .spec import Bind, SandboxSpec
 from .userland import hide_package
 
 LIB_MOUNT = "/opt/karotte-lib"
-PYTHON = "/usr/bin/python3"
+PYTHON = "/usr/bin/python3"  # the grader's on the host's userland; on an image, the first tried
+# ... then python3 on the image's PATH: karotte-init's execvp searches the command's PATH,
+# which on an image is its config's Env (or Karotte's default PATH, for a dir: tree).
+PYTHONS = (PYTHON, "python3")
+MIN_PYTHON = (3, 9)  # the oldest Python the grader library runs under (tests/test_grader_library.py)
 # The grader's entry: isolated mode (-I: no PYTHON* variables, no user site, no cwd on
-# sys.path), no site module at all (-S: no .pth files anywhere), no bytecode writes (-B),
-# and only the private library copy on sys.path.
+# sys.path), no bytecode writes (-B), the private library copy first on sys.path. On the
+# host's userland, no site module either (-S: no .pth file of the trainer's installs, none
+# of its site-packages); on an image the site-packages are the image's own, which is what
+# a grader image is for (pytest, numpy), and nothing of the agent's reaches that root.
+HOST_FLAGS, IMAGE_FLAGS = ("-I", "-S", "-B"), ("-I", "-B")
 BOOT = (f"import sys; sys.path[:0] = [{LIB_MOUNT!r}]; "
         "from karotte.grader_main import main; main()")
-PREFLIGHT = (f"import sys; sys.path[:0] = [{LIB_MOUNT!r}]; "
-             "from karotte.grader_main import preflight; preflight()")
+# The version is checked first, in code that every Python 3 parses (no f-string): an
+# interpreter older than the library gets a line that names it, not a SyntaxError.
+PREFLIGHT = ("import sys\n"
+             f"if sys.version_info < {MIN_PYTHON!r}:\n"
+             "    print('{\"python\": \"%d.%d.%d\", \"too_old\": true}' % sys.version_info[:3])\n"
+             "    sys.exit(0)\n"
+             f"sys.path[:0] = [{LIB_MOUNT!r}]\n"
+             "from karotte.grader_main import preflight\n"
+             "preflight()")
 PREFLIGHT_SECONDS = 60.0  # at most, for importing the environment's module
 # What the grading process imports of Karotte, and nothing more (tests/test_grader_library.py)
 RUNTIME_MODULES = ("__init__.py", "environment.py", "spec.py", "results.py", "grader_runtime.py",
@@ -174,32 +188,62 @@ class GraderPreflightError(KarotteError):
     doing, so it is no score (an episode reports it as its infra_error)."""
 
 
-_preflights: dict[str, str | None] = {}  # target -> why its grader cannot import it
+@dataclass(frozen=True)
+class GraderPython:
+    """The interpreter that grades an environment, as its preflight found it."""
+
+    path: str  # inside the grading sandbox: /usr/bin/python3, or the first on the image's PATH
+    version: str  # its platform.python_version()
+    image: str  # the grading sandbox's image ("host": the host's userland)
+
+    def describe(self) -> str:
+        where = "" if self.image == "host" else f" of the image {self.image}"
+        return f"{self.path} {self.version}{where}"
+
+
+# (target, grader image) -> its grader, or why it cannot import the environment
+_preflights: dict[tuple[str, str], GraderPython | str] = {}
 _preflight_lock = threading.Lock()
 
 
-def preflight(env: Environment) -> None:
-    """Import env's module in a sandbox exactly as its grader does (the system Python,
-    -I -S, the private library copy), once per process and environment. Raises
-    GraderPreflightError naming the cause: a module outside the standard library, a
-    construct that Python cannot parse, an error at import; or KarotteError, not
-    remembered, if the sandbox itself failed."""
+def preflight(env: Environment) -> GraderPython:
+    """Import env's module in a sandbox exactly as its grader does (the grader image's
+    python3 and flags, the private library copy), once per process and environment, and
+    return that interpreter. Raises GraderPreflightError naming the cause: no python3 in
+    the grader's image or one older than MIN_PYTHON, a module outside the standard library
+    (and the image's), a construct that Python cannot parse, an error at import; or
+    KarotteError, not remembered, if the sandbox itself failed (an image that cannot be
+    imported, say)."""
     target = target_of(env)
+    key = (target, grader_image_of(env))
     with _preflight_lock:
-        if target not in _preflights:
-            _preflights[target] = _import_as_grader(env, target)
-        why = _preflights[target]
-    if why:
-        raise GraderPreflightError(why)
+        if key not in _preflights:
+            _preflights[key] = _import_as_grader(env, target)
+        found = _preflights[key]
+    if isinstance(found, str):
+        raise GraderPreflightError(found)
+    return found
 
 
-def _import_as_grader(env: Environment, target: str) -> str | None:
-    limits = env.grader_limits
+def grader_flags(image: str) -> tuple[str, ...]:
+    """The grader's interpreter options on image (HOST_FLAGS, IMAGE_FLAGS)."""
+    return HOST_FLAGS if image == "host" else IMAGE_FLAGS
+
+
+def _import_as_grader(env: Environment, target: str) -> GraderPython | str:
+    limits = grader_spec(env)
+    image = grader_image_of(env)
     lib = grader_library(target.split(".", 1)[0].split(":", 1)[0])
     spec = hide_package(replace(limits, binds=limits.binds + (Bind(lib, LIB_MOUNT),)), target)
     with Sandbox(spec) as sandbox:
-        r = sandbox.exec([PYTHON, "-I", "-S", "-B", "-c", PREFLIGHT, target],
-                         timeout=min(limits.timeout, PREFLIGHT_SECONDS))
+        for python in PYTHONS:
+            r = sandbox.exec([python, *grader_flags(image), "-c", PREFLIGHT, target],
+                             timeout=min(limits.timeout, PREFLIGHT_SECONDS))
+            if r.error is None:  # it started: this is the grader's python3
+                break
+        else:
+            return _no_python(env, image)
+    where = "" if image == "host" else f" of the image {image}"
     try:
         found = json.loads(r.stdout)
     except ValueError:
@@ -208,30 +252,56 @@ def _import_as_grader(env: Environment, target: str) -> str | None:
         return f"the grader cannot import {target}: it took more than {r.wall_seconds:.0f} s"
     if not isinstance(found, dict) or r.exit_code != 0:
         tail = " | ".join(log_tail(r.stderr.decode("utf-8", "replace"), 5, 1000))
-        return f"the grader cannot import {target}: {PYTHON} exited {r.exit_code}: {tail}"
+        return (f"the grader cannot import {target}: {python}{where} exited {r.exit_code}: "
+                f"{tail} (the grader needs Python {_version(MIN_PYTHON)} or newer there)")
+    grader = GraderPython(python, str(found.get("python", "")), image)
+    if found.get("too_old"):
+        return (f"the grader of {target} runs under {grader.describe()}, and needs Python "
+                f"{_version(MIN_PYTHON)} or newer: set {type(env).__qualname__}.grader_image "
+                f"to an image with a newer python3 (debian:bookworm+python3 has 3.11, "
+                f"debian:bullseye+python3 3.9)")
     if "error" not in found:
-        return None
-    where = (f"{found['file'].removeprefix(LIB_MOUNT + '/')}:{found['line']}: "
-             if found.get("file") else "")
-    python = f"{PYTHON} {found.get('python', '')}".strip()
-    why = f"the grader cannot import {target}: {where}{found['error']}: {found['message']}"
+        return grader
+    at = (f"{found['file'].removeprefix(LIB_MOUNT + '/')}:{found['line']}: "
+          if found.get("file") else "")
+    why = f"the grader cannot import {target}: {at}{found['error']}: {found['message']}"
     if found["error"] == "SyntaxError":
-        return (f"{why}. Graders run under {python}, which cannot parse it: write what that "
-                "Python takes, even where the trainer's Python is newer")
+        return (f"{why}. Graders run under {grader.describe()}, which cannot parse it: write "
+                "what that Python takes, even where the trainer's Python is newer")
     if found["error"] in ("ModuleNotFoundError", "ImportError"):
-        return (f"{why}. Graders run under {python} -I -S, with the standard library and a "
-                "copy of the environment's own package only: import what only the trainer "
-                "needs inside the methods that run in the trainer")
+        if image == "host":
+            return (f"{why}. Graders run under {grader.describe()} -I -S, with the standard "
+                    "library and a copy of the environment's own package only: import what "
+                    "only the trainer needs inside the methods that run in the trainer, or "
+                    "declare a grader_image that has it")
+        return (f"{why}. Graders run under {grader.describe()} -I, with what that image has "
+                "installed and a copy of the environment's own package: install the module "
+                "in the grader's image, or import what only the trainer needs inside the "
+                "methods that run in the trainer")
     return why
+
+
+def _no_python(env: Environment, image: str) -> str:
+    name = type(env).__qualname__
+    where = "the host's userland" if image == "host" else f"the grader's image {image}"
+    return (f"the grader of {target_of(env)} runs grade() under python3, and {where} has none "
+            f"(neither {PYTHON} nor python3 on its PATH): install python3 "
+            f"({_version(MIN_PYTHON)} or newer) "
+            f"in the image (debian:SUITE+python3, `apt-get install python3`, `apk add python3`), "
+            f"or set {name}.grader_image to an image that has it")
+
+
+def _version(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
 
 
 def run_grader(env: Environment, seed: int, submission: str) -> GradeReport:
     """Grade the vetted submission directory in a fresh sandbox. Never raises for what
     the submission does; raises KarotteError only if the host itself fails, and
     GraderPreflightError if the grader cannot import the environment (preflight)."""
-    preflight(env)
+    grader = preflight(env)
     target = target_of(env)
-    limits = env.grader_limits
+    limits = grader_spec(env)
     lib = grader_library(target.split(".", 1)[0].split(":", 1)[0])
     hidden = private_dir("hidden")
     try:
@@ -240,15 +310,17 @@ def run_grader(env: Environment, seed: int, submission: str) -> GradeReport:
             cgroups.leaf_name("grade"),
             cgroups.CgroupLimits(memory=limits.memory, pids=limits.pids, cpus=limits.cpus))
         try:
-            return _grade_in(parent, limits, lib, hidden, submission, target, seed)
+            return _grade_in(parent, limits, grader, lib, hidden, submission, target, seed,
+                             env.image)
         finally:
             parent.destroy()
     finally:
         shutil.rmtree(hidden, ignore_errors=True)
 
 
-def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, lib: str, hidden: str,
-              submission: str, target: str, seed: int) -> GradeReport:
+def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, grader: GraderPython, lib: str,
+              hidden: str, submission: str, target: str, seed: int,
+              agent_image: str) -> GradeReport:
     spec = hide_package(replace(limits, binds=limits.binds + (
         Bind(lib, LIB_MOUNT), Bind(hidden, "/hidden"), Bind(submission, "/submission"))), target)
     deadline = time.monotonic() + limits.timeout
@@ -259,7 +331,8 @@ def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, lib: str, hidden: str
             def grade() -> None:
                 try:
                     outcome["exec"] = sandbox.exec(
-                        [PYTHON, "-I", "-S", "-B", "-c", BOOT, target, str(seed)],
+                        [grader.path, *grader_flags(grader.image), "-c", BOOT, target,
+                         str(seed)],
                         timeout=limits.timeout, pass_fds=[grader_end.fileno()])
                 except BaseException as exc:  # reported as an infrastructure failure
                     outcome["exec_error"] = exc
@@ -268,7 +341,7 @@ def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, lib: str, hidden: str
 
             worker = threading.Thread(target=grade, name="karotte-grader", daemon=True)
             worker.start()
-            final, runs = _serve(host_end, parent, submission, target, deadline)
+            final, runs = _serve(host_end, parent, submission, target, agent_image, deadline)
             # A grader still waiting on the channel (its reply could not be sent) sees
             # EOF now and ends, instead of hanging until its timeout.
             host_end.shutdown(socket.SHUT_RDWR)
@@ -283,7 +356,7 @@ def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, lib: str, hidden: str
 
 
 def _serve(channel: socket.socket, parent: cgroups.Cgroup, submission: str, target: str,
-           deadline: float) -> tuple[dict | None, int]:
+           image: str, deadline: float) -> tuple[dict | None, int]:
     """Answer the grader's requests until it reports (or its channel closes)."""
     runs = 0
     while True:
@@ -299,7 +372,7 @@ def _serve(channel: socket.socket, parent: cgroups.Cgroup, submission: str, targ
         runs += 1
         try:
             reply = {"result": encode_result(_run_nested(request, parent, submission, target,
-                                                     deadline))}
+                                                         image, deadline))}
         except (KarotteError, GraderError, ValueError, TypeError, KeyError, OSError) as exc:
             reply = {"error": f"run failed: {exc}"}
         try:
@@ -309,7 +382,8 @@ def _serve(channel: socket.socket, parent: cgroups.Cgroup, submission: str, targ
 
 
 def _run_nested(request: dict, parent: cgroups.Cgroup, submission: str, target: str,
-                deadline: float) -> ExecResult:
+                image: str, deadline: float) -> ExecResult:
+    """One ctx.run: the agent's program in a fresh sandbox on the agent's image."""
     left = deadline - time.monotonic()
     if left <= 0:
         raise ValueError("the grading time is used up")
@@ -336,7 +410,7 @@ def _run_nested(request: dict, parent: cgroups.Cgroup, submission: str, target: 
         spec = SandboxSpec(memory=int(request["memory"]), pids=int(request["pids"]),
                            cpus=float(request["cpus"]),
                            timeout=min(float(request["timeout"]), left),
-                           output_limit=output_limit, binds=binds)
+                           output_limit=output_limit, binds=binds, image=image)
         with Sandbox(hide_package(spec, target), cgroup_parent=parent) as run:
             start = time.monotonic()
             result = run.exec(argv, stdin=stdin, env=env, cwd=cwd)

@@ -10,11 +10,13 @@ import pytest
 
 from karotte.episode import Episode
 from karotte.examples.fix_tests import FUNCTIONS, FixTests, hidden_cases
+from karotte.examples.fix_tests_pytest import FixTestsPytest
 from karotte.examples.q3_revenue import Q3Revenue, orders, revenue, year_of
 from karotte.examples.speedup import (BASELINE, KINDS, MIN_SPEEDUP, SIZES, TIMED_PER_KIND,
                                       Speedup, count_inversions, render, timed_sequences)
 from karotte.results import ExecResult
 from karotte.seeding import env_seed
+from test_env_images import debian_store  # noqa: F401 (a fixture: the store holding the image)
 
 SEED = 3
 Q3_SEED = env_seed(Q3Revenue(), SEED)  # what the environment sees in the episodes of SEED
@@ -303,3 +305,84 @@ def test_fix_tests_expected_values_never_reach_the_nested_sandbox(tmp_path):
     [(argv, stdin)] = sent
     assert all(set(case) == {"id", "calls"} for case in json.loads(stdin))
     assert not any("expected" in arg for arg in argv)
+
+
+# --- FixTestsPytest: on a Debian image (slow: mmdebstrap builds it once, the store keeps it)
+
+def test_fix_tests_pytest_declares_its_debian_image_for_the_agent_and_the_grader():
+    env = FixTestsPytest()
+    assert (env.image, env.grader_image) == ("debian:bookworm+python3-pytest", None)
+
+
+def test_fix_tests_pytest_expected_values_never_reach_the_nested_sandbox(tmp_path):
+    env = FixTestsPytest()
+    (tmp_path / "cases.json").write_text(env.hidden_files(SEED)["cases.json"])
+    sent = []
+
+    class Recorder:
+        hidden = tmp_path
+
+        def run(self, argv, *, files, **limits):
+            sent.append((argv, files, limits))
+            return ExecResult(0, None, b"", b"", False, False, False, False, 0.1, 0.1, None)
+
+    assert env.grade(Recorder()).reward == 0.0
+    [(argv, files, limits)] = sent
+    assert all(set(case) == {"id", "calls"} for case in json.loads(files["cases.json"]))
+    assert not any("expected" in text for text in [*argv, *files.values()])
+    assert "--noconftest" in argv and limits["env"] == {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
+@pytest.mark.slow
+def test_fix_tests_pytest_the_reference_solution_scores_1(debian_store, no_leaks):
+    env = FixTestsPytest()
+    outcome = play(env, env.reference_solution(SEED))
+    assert graded(outcome, 1.0), outcome.details
+
+
+@pytest.mark.slow
+def test_fix_tests_pytest_doing_nothing_scores_0(debian_store, no_leaks):
+    assert graded(play(FixTestsPytest(), []), 0.0)
+
+
+@pytest.mark.slow
+def test_fix_tests_pytest_the_visible_tests_run_under_the_images_pytest(debian_store, no_leaks):
+    env = FixTestsPytest()
+    with Episode(env, seed=SEED) as ep:
+        ep.reset()
+        assert "3 failed, 8 passed" in ep.exec("python3 -m pytest -q tests").text
+        for command in env.reference_solution(SEED):
+            ep.exec(command)
+        assert "11 passed" in ep.exec("python3 -m pytest -q tests").text
+
+
+@pytest.mark.slow
+def test_fix_tests_pytest_a_conftest_pytest_ini_and_addopts_that_report_passed_change_nothing(
+        debian_store, no_leaks):
+    conftest = ("import pytest\n@pytest.hookimpl(hookwrapper=True)\n"
+                "def pytest_runtest_makereport(item, call):\n    outcome = yield\n"
+                "    outcome.get_result().outcome = 'passed'\n")
+    outcome = play(FixTestsPytest(), [
+        write("conftest.py", conftest), write("tests/conftest.py", conftest),
+        write("pytest.ini", "[pytest]\naddopts = -p conftest --collect-only\n"),
+        "echo 'export PYTEST_ADDOPTS=--collect-only' >> ~/.bashrc"])
+    assert graded(outcome, 0.0), outcome.details
+
+
+@pytest.mark.slow
+def test_fix_tests_pytest_os_exit_in_one_function_loses_the_cases_from_there_on(debian_store,
+                                                                               no_leaks):
+    # One pytest process for all cases: an exit ends the run, and the cases run so far count.
+    env = FixTestsPytest()
+    outcome = play(env, env.reference_solution(SEED) + [
+        "sed -i 's/^def covers(intervals, x):$/&\\n    import os; os._exit(0)/' "
+        "intervals/core.py"])
+    assert outcome.reason == "graded" and outcome.reward == 0.6, outcome.details
+    assert {c.split("-")[0] for c in outcome.details["failed"]} == {"covers", "clip"}
+
+
+@pytest.mark.slow
+def test_fix_tests_pytest_always_equal_return_values_score_0(debian_store, no_leaks):
+    always = ("class Anything:\n    def __eq__(self, other):\n        return True\n")
+    always += "".join(f"def {f}(*args):\n    return Anything()\n" for f in FUNCTIONS)
+    assert graded(play(FixTestsPytest(), [write("intervals/core.py", always)]), 0.0)
