@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import errno
 import fcntl
+import functools
 import os
 import platform
 import resource
@@ -173,11 +175,15 @@ def sandbox(no_leaks):
         yield sb
 
 
+# The limits of small_sandbox, for resource attacks.
+SMALL_LIMITS = {"memory": 128 * MiB, "pids": 64, "disk": 64 * MiB, "inodes": 4096,
+                "tmp_size": 32 * MiB, "timeout": 20}
+
+
 @pytest.fixture
 def small_sandbox(no_leaks):
     """A sandbox with small limits, for resource attacks."""
-    with Sandbox(SandboxSpec(memory=128 * MiB, pids=64, disk=64 * MiB, inodes=4096,
-                             tmp_size=32 * MiB, timeout=20)) as sb:
+    with Sandbox(SandboxSpec(**SMALL_LIMITS)) as sb:
         yield sb
 
 
@@ -190,3 +196,117 @@ def run_karotte_sandbox(*args: str, input: bytes | None = None,
                         timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "karotte.cli.sandbox", *args], input=input,
                           capture_output=True, timeout=timeout)
+
+
+# --------------------------------------------------------------------------- images
+
+# Debian trees made by mmdebstrap, shared by test runs. Not under /tmp: the cgroup v2 VM
+# lane hides the host's /tmp, but sees the rest of the host's / (read-only), so the lane
+# copies these from here (docs/cgroup2-vm-lane.md).
+IMAGE_CACHE = "/var/tmp/karotte-test-images"
+IN_VM_LANE = os.environ.get("KAROTTE_VM_LANE") == "1"
+
+# What the attack tests run on an image beyond bookworm's essential set (which has bash,
+# dash, coreutils, grep and util-linux: fallocate, setsid, unshare).
+ATTACK_PACKAGES = ("python3",)
+
+
+def _tree_name(variant: str, packages: tuple[str, ...]) -> str:
+    return f"bookworm-{variant}" + (f"+{','.join(packages)}" if packages else "")
+
+
+def _cached(key: str, under: str) -> list[str]:
+    """The complete trees of key under a cache directory, oldest first."""
+    if not os.path.isdir(under):
+        return []
+    return sorted(os.path.join(under, n) for n in os.listdir(under)
+                  if n.startswith(key + "-") and n[len(key) + 1:].isdigit())
+
+
+def _mmdebstrap(dest: str, variant: str, packages: tuple[str, ...]) -> str | None:
+    """Build a bookworm tree into dest; None, or why it could not."""
+    if shutil.which("mmdebstrap") is None:
+        return "mmdebstrap is not installed (apt-get install mmdebstrap)"
+    tmp = dest + f".tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    include = [f"--include={','.join(packages)}"] if packages else []
+    r = subprocess.run(["mmdebstrap", "--quiet", f"--variant={variant}", *include, "bookworm",
+                        tmp], capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return f"mmdebstrap failed (is the Debian archive reachable?): {r.stderr.strip()[-300:]}"
+    os.rename(tmp, dest)
+    return None
+
+
+@functools.cache
+def build_debian_tree(variant: str, packages: tuple[str, ...] = ()) -> tuple[str | None, str]:
+    """(the tree, "") or (None, why not): a bookworm tree of mmdebstrap's variant with the
+    packages, built once a day into IMAGE_CACHE; a lock file keeps two test runs from
+    building it at once. Trees older than yesterday's are removed (a run that started
+    yesterday may still be on one)."""
+    if os.geteuid() != 0:
+        return None, "mmdebstrap makes a root-owned tree as root only"
+    key = _tree_name(variant, packages)
+    os.makedirs(IMAGE_CACHE, exist_ok=True)
+    os.chmod(IMAGE_CACHE, 0o755)
+    dest = os.path.join(IMAGE_CACHE, f"{key}-{datetime.date.today():%Y%m%d}")
+    with open(dest + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.isdir(dest):
+            why = _mmdebstrap(dest, variant, packages)
+            if why:
+                return None, why
+        yesterday = f"{key}-{datetime.date.today() - datetime.timedelta(days=1):%Y%m%d}"
+        for old in _cached(key, IMAGE_CACHE):
+            if os.path.basename(old) < yesterday:
+                shutil.rmtree(old)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(old + ".lock")
+    return dest, ""
+
+
+@functools.cache
+def _lane_copy(variant: str, packages: tuple[str, ...]) -> tuple[str | None, str]:
+    """In the VM lane: the host's newest cached tree, copied into the guest's /tmp. The
+    host's / is 9p there, which cannot be idmapped (an image's tree must be); the lane's
+    /tmp is an ext4 of the guest's own, as a host's disk is."""
+    key = _tree_name(variant, packages)
+    cached = _cached(key, IMAGE_CACHE)
+    if not cached:
+        return None, (f"no {key} tree in the host's {IMAGE_CACHE}, and the VM lane has no "
+                      "network to build one: run the image tests on the host first")
+    dest = os.path.join(tempfile.gettempdir(), "karotte-test-images", os.path.basename(cached[-1]))
+    if not os.path.isdir(dest):
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        subprocess.run(["cp", "-a", cached[-1], dest + ".tmp"], check=True)
+        os.rename(dest + ".tmp", dest)
+    return dest, ""
+
+
+def bookworm_tree(variant: str, packages: tuple[str, ...] = ()) -> str:
+    """A bookworm tree for a test (see build_debian_tree); skips the test, naming why,
+    where there is none."""
+    tree, why = (_lane_copy if IN_VM_LANE else build_debian_tree)(variant, packages)
+    if tree is None:
+        pytest.skip(why)
+    return tree
+
+
+@pytest.fixture(scope="session")
+def attack_tree() -> str:
+    """A bookworm (mmdebstrap's apt variant) with what the attack tests run on an image."""
+    return bookworm_tree("apt", ATTACK_PACKAGES)
+
+
+@pytest.fixture(params=["host", pytest.param("image", marks=pytest.mark.cgroup2)])
+def userland(request) -> str:
+    """The SandboxSpec image a test runs on: the host's userland, or a Debian image (the
+    tests then run the image's own python3, shell and tools: the host's are not there).
+    The image half is in the cgroup v2 VM lane too."""
+    if request.param == "host":
+        return "host"
+    if os.geteuid() != 0:
+        pytest.skip("an unprivileged caller cannot run on a root-owned tree such as "
+                    "mmdebstrap's (docs/image-sandbox.md)")
+    return f"dir:{request.getfixturevalue('attack_tree')}"

@@ -2,14 +2,12 @@
 its upper a tmpfs of the sandbox's own, and nothing of the host is there.
 
 Real trees, made here: a Debian bookworm made by mmdebstrap (built once a day, cached in
-/tmp), and small trees holding the static busybox, with the setuid file, device node and
+/var/tmp: tests/conftest.py), and small trees holding the static busybox, with the setuid file, device node and
 world-writable places each test needs, made as root.
 """
 from __future__ import annotations
 
-import datetime
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -22,7 +20,7 @@ import tempfile
 
 import pytest
 
-from conftest import needs_sandbox
+from conftest import bookworm_tree, needs_sandbox
 from karotte import imageroot, images, mounts, plan
 from karotte import protocol as p
 from karotte.errors import HostUnsupported
@@ -33,7 +31,6 @@ from karotte.userns import identity
 BUSYBOX = "/bin/busybox"
 APPLETS = ("sh", "cat", "id", "ls", "stat", "dd", "grep", "rm", "mkdir", "mv", "chmod",
            "test", "echo", "env", "pwd", "touch")
-CACHE = "/tmp/karotte-test-images"
 NOBODY = 65534
 PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,35 +75,10 @@ def tree():
     shutil.rmtree(path)
 
 
-def _mmdebstrap(dest: str) -> str | None:
-    """Build bookworm's essential set into dest; None, or why it could not."""
-    if shutil.which("mmdebstrap") is None:
-        return "mmdebstrap is not installed (apt-get install mmdebstrap)"
-    tmp = dest + f".tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    r = subprocess.run(["mmdebstrap", "--quiet", "--variant=essential", "bookworm", tmp],
-                       capture_output=True, text=True, timeout=900)
-    if r.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        return f"mmdebstrap failed (is the Debian archive reachable?): {r.stderr.strip()[-300:]}"
-    os.rename(tmp, dest)
-    return None
-
-
 @pytest.fixture(scope="session")
 def debian_tree() -> str:
-    """A bookworm tree made by mmdebstrap, once a day, shared by test runs (a lock file
-    keeps two runs from building it at once)."""
-    os.makedirs(CACHE, exist_ok=True)
-    os.chmod(CACHE, 0o755)
-    dest = os.path.join(CACHE, f"bookworm-essential-{datetime.date.today():%Y%m%d}")
-    with open(dest + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not os.path.isdir(dest):
-            why = _mmdebstrap(dest)
-            if why:
-                pytest.skip(why)
-    return dest
+    """Bookworm's essential set, made by mmdebstrap (conftest.py: cached, once a day)."""
+    return bookworm_tree("essential")
 
 
 def _digest(tree: str) -> dict[str, tuple]:

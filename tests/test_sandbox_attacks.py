@@ -3,6 +3,10 @@
 Each test plants the attack as the agent would (commands inside a real sandbox) and
 asserts the entry's "must happen": the attack fails inside, the host is unaffected,
 and nothing of the sandbox is left running.
+
+Each attack that an agent can make on any root filesystem runs twice, through conftest's
+`userland` fixture: on the host's userland and on a Debian image (an overlay root, whose
+python3, shell and tools are the image's own). The few that stay on the host only say why.
 """
 from __future__ import annotations
 
@@ -23,13 +27,49 @@ import psutil
 import pytest
 from pyroute2 import NetNS
 
-from conftest import BPF_JIT_CALLS, SYSCALL_PROBE, _nr, py, sandbox_processes
+from conftest import BPF_JIT_CALLS, SMALL_LIMITS, SYSCALL_PROBE, _nr, py, sandbox_processes
 from karotte import cgroups, hostdirs, native, userns
 from karotte.errors import HostUnsupported
 from karotte.protections import PROTECTIONS
 from karotte.probe import userns_owner
 from karotte.sandbox import DEFAULT_UID_BASE, Sandbox, ns_owner_ids
 from karotte.spec import Bind, MiB, SandboxSpec
+
+
+@pytest.fixture
+def sandbox(userland, no_leaks):
+    """conftest's sandbox, on each userland."""
+    with Sandbox(SandboxSpec(image=userland)) as sb:
+        yield sb
+
+
+@pytest.fixture
+def small_sandbox(userland, no_leaks):
+    """conftest's small_sandbox, on each userland."""
+    with Sandbox(SandboxSpec(image=userland, **SMALL_LIMITS)) as sb:
+        yield sb
+
+
+@pytest.mark.cgroup2
+def test_on_the_image_the_attacks_run_the_images_own_programs(attack_tree, no_leaks):
+    # The image half proves something only if its python3 and shell are the image's:
+    # its root is the overlay, whose package database and Python packages are the tree's.
+    with open(os.path.join(attack_tree, "var/lib/dpkg/status"), "rb") as f:
+        status = f.read()
+    with open("/var/lib/dpkg/status", "rb") as f:
+        assert f.read() != status, "the host's packages must differ from the image's"
+    with Sandbox(SandboxSpec(image=f"dir:{attack_tree}")) as sb:
+        assert sb.exec(["cat", "/var/lib/dpkg/status"]).stdout == status
+        r = sb.exec(py("import os, sys; print(sys.executable, os.listdir(os.path.dirname("
+                       "os.__file__) + '/../python3/dist-packages'))"))
+        exe, listing = r.stdout.decode().split(" ", 1)
+        assert exe == "/usr/bin/python3", r.stderr
+        assert sorted(eval(listing)) == sorted(
+            os.listdir(os.path.join(attack_tree, "usr/lib/python3/dist-packages")))
+        root = [line for line in sb.exec(["cat", "/proc/self/mountinfo"]).stdout.decode()
+                .splitlines() if line.split()[4] == "/"]
+        assert " - overlay " in root[0], root
+
 
 def syscalls(sb: Sandbox, calls: list[tuple[str, int, list[int]]]) -> dict[str, str]:
     r = sb.exec(py(SYSCALL_PROBE) + [json.dumps(calls)])
@@ -75,8 +115,8 @@ except OSError as e:
     assert_all_gone(pids)
 
 
-def test_RES_FORK_01_other_sandboxes_are_unaffected_by_a_fork_bomb(no_leaks):
-    spec = SandboxSpec(pids=32, timeout=10)
+def test_RES_FORK_01_other_sandboxes_are_unaffected_by_a_fork_bomb(userland, no_leaks):
+    spec = SandboxSpec(image=userland, pids=32, timeout=10)
     with Sandbox(spec) as bomber, Sandbox(spec) as neighbour:
         bomber.exec("bomb() { bomb | bomb & }; (bomb) >/dev/null 2>&1 &", timeout=5)
         time.sleep(0.3)
@@ -97,9 +137,10 @@ def test_RES_MEM_01_memory_bomb_is_oom_killed_inside_and_the_host_survives(small
 
 
 @pytest.mark.cgroup2
-def test_RES_MEM_01_tmpfs_and_shared_memory_count_against_the_memory_limit(no_leaks):
+def test_RES_MEM_01_tmpfs_and_shared_memory_count_against_the_memory_limit(userland,
+                                                                           no_leaks):
     # /dev/shm alone would allow 256 MiB; memory.max of 96 MiB must stop it first.
-    spec = SandboxSpec(memory=96 * MiB, tmp_size=256 * MiB, timeout=20)
+    spec = SandboxSpec(image=userland, memory=96 * MiB, tmp_size=256 * MiB, timeout=20)
     with Sandbox(spec) as sb:
         sb.exec("dd if=/dev/zero of=/dev/shm/fill bs=1M count=200")
         size = int(sb.exec("stat -c %s /dev/shm/fill").stdout)
@@ -160,7 +201,8 @@ print('dropped')
 """
 
 
-def test_RES_PAGECACHE_01_the_agent_cannot_drop_the_hosts_cache_of_a_bound_file(no_leaks):
+def test_RES_PAGECACHE_01_the_agent_cannot_drop_the_hosts_cache_of_a_bound_file(userland,
+                                                                                 no_leaks):
     # Read-only binds share the host's page cache: without the filter's no-op, DONTNEED
     # would evict the host's (and every sandbox's) cached /usr and make them read disk.
     # MADV_PAGEOUT succeeds but the kernel pages out only files the caller owns or may
@@ -176,7 +218,7 @@ def test_RES_PAGECACHE_01_the_agent_cannot_drop_the_hosts_cache_of_a_bound_file(
         os.chmod(blob, 0o644)
         cached, pages = _cached_pages(blob)
         assert cached == pages
-        with Sandbox(SandboxSpec(binds=(Bind(shared, "/data"),))) as sb:
+        with Sandbox(SandboxSpec(image=userland, binds=(Bind(shared, "/data"),))) as sb:
             r = sb.exec(py(PAGE_CACHE_DROPPER))
         assert (r.exit_code, r.stdout) == (0, b"dropped\n"), r.stderr
         assert _cached_pages(blob) == (pages, pages)
@@ -222,11 +264,11 @@ print(queued >> 20)
 
 @pytest.mark.cgroup2
 @pytest.mark.parametrize("kind", ["tcp", "udp"])
-def test_RES_MEM_01_socket_buffers_count_against_the_memory_limit(no_leaks, kind):
+def test_RES_MEM_01_socket_buffers_count_against_the_memory_limit(userland, no_leaks, kind):
     # Kernel memory outside the cgroup's count is memory no limit bounds: cgroup v1
     # charged socket buffers to nobody (500 MiB queued from a 128 MiB sandbox, and a host
     # whose TCP memory is at its global cap stalls every connection, the trainer's too).
-    with Sandbox(SandboxSpec(memory=128 * MiB, timeout=30)) as sb:
+    with Sandbox(SandboxSpec(image=userland, memory=128 * MiB, timeout=30)) as sb:
         r = sb.exec(["python3", "-c", SOCKET_HOARD, kind])
         if not r.oom_killed:  # v2 counts them in memory.max: the hoarder may be killed
             assert r.exit_code == 0, r.stderr[-500:]
@@ -281,8 +323,8 @@ except OSError as e:
     "sh -c 'trap \"\" TERM HUP INT; while :; do sleep 1; done' </dev/null >/dev/null 2>&1 &",
     "sleep 1000 & kill -STOP $!",
 ], ids=["setsid", "double-fork", "ignores-sigterm", "stopped"])
-def test_PROC_DAEMON_01_daemons_do_not_survive_kill_all(no_leaks, plant):
-    with Sandbox() as sb:
+def test_PROC_DAEMON_01_daemons_do_not_survive_kill_all(userland, no_leaks, plant):
+    with Sandbox(SandboxSpec(image=userland)) as sb:
         r = sb.exec(["bash", "-c", plant], timeout=10)
         assert r.exit_code == 0, r.stderr
         time.sleep(0.2)
@@ -336,9 +378,10 @@ except (ValueError, OSError) as e:
 # --------------------------------------------------------------------------- LEAK
 
 
-def test_LEAK_PROC_01_proc_shows_only_the_sandbox_and_no_secrets(no_leaks, monkeypatch):
+def test_LEAK_PROC_01_proc_shows_only_the_sandbox_and_no_secrets(userland,
+                                                                 no_leaks, monkeypatch):
     monkeypatch.setenv("KAROTTE_TEST_SECRET_TOKEN", "s3cr3t-value")
-    with Sandbox() as sb:
+    with Sandbox(SandboxSpec(image=userland)) as sb:
         sb.exec("sleep 60 &")
         r = sb.exec(py("import os; print(sorted(int(p) for p in os.listdir('/proc') "
                        "if p.isdigit()))"))
@@ -349,10 +392,11 @@ def test_LEAK_PROC_01_proc_shows_only_the_sandbox_and_no_secrets(no_leaks, monke
         assert b"s3cr3t" not in r.stdout and b"KAROTTE_TEST_SECRET" not in r.stdout
 
 
-def test_LEAK_FS_01_host_files_outside_the_userland_are_invisible(no_leaks, tmp_path):
+def test_LEAK_FS_01_host_files_outside_the_userland_are_invisible(userland,
+                                                                  no_leaks, tmp_path):
     secret = tmp_path / "expected_answer.txt"
     secret.write_text("42")
-    with Sandbox() as sb:
+    with Sandbox(SandboxSpec(image=userland)) as sb:
         r = sb.exec(["sh", "-c", "find / -xdev \\( -iname '*expected*' -o -iname '*answer*' "
                      "-o -iname 'solution*' \\) 2>/dev/null | grep -v ^/usr | head"])
         assert r.stdout == b""
@@ -396,7 +440,8 @@ print(out)
 # --------------------------------------------------------------------------- ESC
 
 
-def test_ESC_TIOCSTI_01_terminal_injection_is_denied_on_pipes_and_on_a_pty(no_leaks):
+def test_ESC_TIOCSTI_01_terminal_injection_is_denied_on_pipes_and_on_a_pty(userland,
+                                                                           no_leaks):
     probe = py("""
 import errno, fcntl, termios
 for name, cmd in (('TIOCSTI', termios.TIOCSTI), ('TIOCLINUX', 0x541C)):
@@ -405,7 +450,7 @@ for name, cmd in (('TIOCSTI', termios.TIOCSTI), ('TIOCLINUX', 0x541C)):
     except OSError as e:
         print(name, errno.errorcode[e.errno])
 """)
-    with Sandbox() as sb:
+    with Sandbox(SandboxSpec(image=userland)) as sb:
         assert sb.exec(probe).stdout == b"TIOCSTI EPERM\nTIOCLINUX EPERM\n"
         term = sb.open_terminal(probe)
         try:
@@ -484,7 +529,8 @@ HOST_SCRIPT = """
 import json, sys, time
 from karotte.grading import private_dir
 from karotte.sandbox import Sandbox
-boxes = [Sandbox() for _ in range(3)]
+from karotte.spec import SandboxSpec
+boxes = [Sandbox(SandboxSpec(image=sys.argv[1])) for _ in range(3)]
 for b in boxes:
     b.exec("sleep 1000 & (setsid sleep 1000 &)")
 print(json.dumps({"inits": [b.init_pid for b in boxes], "dir": private_dir("hidden"),
@@ -494,8 +540,9 @@ time.sleep(1000)
 
 
 @pytest.mark.cgroup2
-def test_sigkill_of_the_host_process_takes_its_sandboxes_down_and_gc_cleans_up(no_leaks):
-    host = subprocess.Popen([sys.executable, "-c", HOST_SCRIPT], stdout=subprocess.PIPE)
+def test_sigkill_of_the_host_process_takes_its_sandboxes_down_and_gc_cleans_up(userland,
+                                                                                 no_leaks):
+    host = subprocess.Popen([sys.executable, "-c", HOST_SCRIPT, userland], stdout=subprocess.PIPE)
     try:
         info = json.loads(host.stdout.readline())
     finally:
@@ -528,12 +575,14 @@ def test_kernel_aio_is_unavailable_so_the_host_pool_cannot_be_drained(sandbox):
     assert res == {k: "ENOSYS" for k in res}, res
 
 
-def test_ptys_are_capped_per_sandbox_so_one_cannot_take_every_pty_of_the_host(no_leaks):
+def test_ptys_are_capped_per_sandbox_so_one_cannot_take_every_pty_of_the_host(userland,
+                                                                               no_leaks):
     # Without max= on its devpts, every sandbox draws on one host-wide pty pool.
     grab = py("import os\nfds = []\n"
               "try:\n    while len(fds) < 500: fds.append(os.open('/dev/ptmx', os.O_RDWR | os.O_NOCTTY))\n"
               "except OSError as e:\n    print(len(fds), e.strerror)")
-    with Sandbox() as hog, Sandbox() as neighbour:
+    spec = SandboxSpec(image=userland)
+    with Sandbox(spec) as hog, Sandbox(spec) as neighbour:
         r = hog.exec(grab)
         got, why = r.stdout.decode().split(" ", 1)
         assert int(got) <= 64 and "No space" in why
@@ -573,7 +622,8 @@ def _cap_eff() -> int:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="an unprivileged trainer's sandboxes are owned by "
                     "its own uid, whose per-user counts they share (tests/test_unprivileged.py)")
-def test_per_user_kernel_counts_of_sandboxes_are_not_charged_to_the_trainer(no_leaks):
+def test_per_user_kernel_counts_of_sandboxes_are_not_charged_to_the_trainer(userland,
+                                                                            no_leaks):
     # inotify instances are counted per user, at every level up to the user namespace's
     # owner on the host. Owned by the trainer's root, a few sandboxes at their own cap
     # (32) took every instance root had (fs.inotify.max_user_instances, 128 here), the
@@ -590,7 +640,7 @@ def test_per_user_kernel_counts_of_sandboxes_are_not_charged_to_the_trainer(no_l
     caps = _cap_eff()
     sandboxes = []
     try:
-        sandboxes += [Sandbox() for _ in range(count)]
+        sandboxes += [Sandbox(SandboxSpec(image=userland)) for _ in range(count)]
         owners = {userns_owner(sb.init_pid) for sb in sandboxes}
         assert len(owners) == count and all(o in ns_owner_ids() for o in owners)
         got = []
@@ -613,6 +663,9 @@ def test_per_user_kernel_counts_of_sandboxes_are_not_charged_to_the_trainer(no_l
             sb.close()
 
 
+# Host-only from here on: each of these is about the trainer's side (its id tables, its
+# cgroup, its own process) and is decided before init exists, so no root filesystem is
+# involved and an image adds nothing to test.
 @pytest.mark.skipif(os.geteuid() != 0, reason="the host id range is used by root callers only")
 @pytest.mark.parametrize("base, why", [(0xFFFF_0000, "leaves no room"), (1, "'daemon' with id 1")])
 def test_a_host_id_range_that_overflows_or_holds_an_account_is_refused(no_leaks, monkeypatch, base,
