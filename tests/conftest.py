@@ -259,8 +259,8 @@ def build_debian_tree(variant: str, packages: tuple[str, ...] = ()) -> tuple[str
                 return None, why
         yesterday = f"{key}-{datetime.date.today() - datetime.timedelta(days=1):%Y%m%d}"
         for old in _cached(key, IMAGE_CACHE):
-            if os.path.basename(old) < yesterday:
-                shutil.rmtree(old)
+            if os.path.basename(old) < yesterday:  # another run may be removing it too
+                shutil.rmtree(old, ignore_errors=True)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(old + ".lock")
     return dest, ""
