@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ATTACK_PACKAGES, build_debian_tree
+
 TESTS = Path(__file__).resolve().parent
 LANE = TESTS.parent / "scripts" / "cgroup2-vm"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -73,6 +75,10 @@ def test_cgroup2_subset_passes_inside_the_vm_lane(kernel):
         pytest.skip(prepared.stderr.strip())
     assert prepared.returncode == 0, prepared.stdout + prepared.stderr
 
+    # The guest has no network: its image tests copy the trees the host has cached (or
+    # skip, naming why, where the host could not build them).
+    build_debian_tree("essential")
+    build_debian_tree("apt", ATTACK_PACKAGES)
     command = [sys.executable, "-m", "pytest", "-m", "cgroup2", "-q",
                "-p", "no:cacheprovider", str(TESTS)]
     lane = subprocess.run([str(LANE), "--kernel", kernel, "run", "--timeout", str(LANE_TIMEOUT_S),

@@ -34,7 +34,9 @@ APPLETS = ("sh", "cat", "id", "ls", "stat", "dd", "grep", "rm", "mkdir", "mv", "
 NOBODY = 65534
 PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-pytestmark = [needs_sandbox(),
+# cgroup2: the VM lane runs them too, on Debian's 6.1 and 6.12 (its /tmp is an ext4, where
+# a tree can be idmapped; its Debian trees are copies of the host's cached ones).
+pytestmark = [needs_sandbox(), pytest.mark.cgroup2,
               pytest.mark.skipif(os.geteuid() != 0, reason="the trees are made as root "
                                  "(setuid files, device nodes, root-owned directories)")]
 
@@ -229,8 +231,9 @@ def test_IMG_MEM_01_the_uppers_pages_count_against_the_memory_cgroup(tree, no_le
         if sb.cgroup is None:
             pytest.skip("the sandbox has no cgroup here")
         r = sh(sb, "dd if=/dev/zero of=/var/tmp/big bs=1M count=64 2>/dev/null")
-        assert r.ok and r.peak_memory is not None
-        assert r.peak_memory >= 64 * MiB, r.peak_memory
+        assert r.ok
+        if sb.cgroup.peak_resettable:  # cgroup v2 before 6.12: the peak is unknown (None)
+            assert r.peak_memory >= 64 * MiB, r.peak_memory
         # Past the memory limit the tmpfs cannot grow, though the disk limit is far off.
         r = sh(sb, "dd if=/dev/zero of=/var/tmp/more bs=1M count=300")
         assert r.oom_killed or b"Cannot allocate memory" in r.stderr, r
@@ -369,7 +372,9 @@ def test_a_tree_that_cannot_be_idmapped_fails_closed_naming_image_overlay(tree_o
 
 def test_the_probe_reports_image_overlay_off_where_its_tree_cannot_be_idmapped(
         tree_on_an_overlay):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KAROTTE_")}
+    # KAROTTE_CGROUP_PARENT stays: it is where the VM lane delegates cgroups.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("KAROTTE_") or k == "KAROTTE_CGROUP_PARENT"}
     r = subprocess.run([sys.executable, "-m", "karotte.cli.sandbox", "check", "--json"],
                        env={**env, "TMPDIR": os.path.dirname(tree_on_an_overlay)},
                        capture_output=True, text=True, timeout=60, cwd="/")
