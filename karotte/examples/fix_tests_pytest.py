@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import json
 
-from karotte.environment import Environment, Grade
-from karotte.examples.fix_tests import (CASES_PER_FUNCTION, FUNCTIONS, PACKAGE_CORE,
-                                        PACKAGE_INIT, RESULT_LIMIT, VISIBLE_TESTS, FixTests,
-                                        hidden_cases, parse_results, same)
-from karotte.spec import MiB, SandboxSpec
+from karotte.environment import Grade
+from karotte.examples.fix_tests import (CASES_PER_FUNCTION, FUNCTIONS, RESULT_LIMIT, FixTests,
+                                        parse_results, same)
+from karotte.spec import MiB
 
 IMAGE = "debian:bookworm+python3-pytest"
 PYTHON = "/usr/bin/python3"
@@ -73,13 +72,11 @@ PYTEST = [PYTHON, "-I", "-m", "pytest", "-q", "-c", "/tests/pytest.ini", "--root
           "/tests/test_hidden.py"]
 
 
-class FixTestsPytest(Environment):
-    """Fix three bugs in `intervals` on a Debian image; hidden cases run by pytest."""
+class FixTestsPytest(FixTests):
+    """Fix three bugs in `intervals` on a Debian image; hidden cases run by pytest. The
+    package, its visible tests and the hidden cases are FixTests'."""
 
     image = IMAGE
-    deliverables = ("intervals",)
-    limits = SandboxSpec(memory=512 * MiB, timeout=60)
-    reward_range = (0.0, 1.0)
 
     def prompt(self, seed: int) -> str:
         return (
@@ -103,13 +100,6 @@ class FixTestsPytest(Environment):
             "changes nothing.\n\n"
             "If you find that you cannot do the task, you may give up with the give_up tool; "
             "that ends the episode with reward 0.")
-
-    def workspace_files(self, seed: int):
-        return {"intervals/__init__.py": PACKAGE_INIT, "intervals/core.py": PACKAGE_CORE,
-                "tests/__init__.py": "", "tests/test_intervals.py": VISIBLE_TESTS}
-
-    def hidden_files(self, seed: int):
-        return {"cases.json": json.dumps(hidden_cases(seed))}
 
     def grade(self, ctx) -> Grade:
         cases = json.loads((ctx.hidden / "cases.json").read_text())
