@@ -384,16 +384,24 @@ class FixTests(Environment):
         cases = json.loads((ctx.hidden / "cases.json").read_text())
         # Only what a case needs crosses into the nested sandbox: never "expected".
         requests = [{"id": c["id"], "calls": c["calls"]} for c in cases]
-        r = ctx.run([PYTHON, "-I", "-c", RUNNER, CASE, str(CASE_TIMEOUT), str(RESULT_LIMIT)],
-                    stdin=json.dumps(requests), timeout=len(cases) * (CASE_TIMEOUT + 1) + 10,
-                    memory=512 * MiB, output_limit=len(cases) * (RESULT_LIMIT + 256))
+        r = self.run_cases(ctx, requests)
         results = parse_results(r.stdout)
         failed = [c["id"] for c in cases
                   if c["id"] not in results or not same(results[c["id"]], c["expected"])]
         passed = len(cases) - len(failed)
         return Grade(passed / len(cases), {"passed": passed, "cases": len(cases),
-                                           "failed": failed, "runner_exit": r.exit_code,
-                                           "runner_timed_out": r.timed_out})
+                                           "failed": failed, f"{self.runner}_exit": r.exit_code,
+                                           f"{self.runner}_timed_out": r.timed_out})
+
+    runner = "runner"  # names the run's fields in the grade's details
+
+    def run_cases(self, ctx, requests: list[dict]):
+        """Run every case in one nested run, each in a fresh interpreter; the results
+        (what the calls returned) on stdout, as parse_results reads them."""
+        return ctx.run([PYTHON, "-I", "-c", RUNNER, CASE, str(CASE_TIMEOUT), str(RESULT_LIMIT)],
+                       stdin=json.dumps(requests),
+                       timeout=len(requests) * (CASE_TIMEOUT + 1) + 10, memory=512 * MiB,
+                       output_limit=len(requests) * (RESULT_LIMIT + 256))
 
     def reference_solution(self, seed: int):
         return [

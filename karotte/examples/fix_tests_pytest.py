@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import json
 
-from karotte.environment import Grade
-from karotte.examples.fix_tests import (CASES_PER_FUNCTION, FUNCTIONS, RESULT_LIMIT, FixTests,
-                                        parse_results, same)
+from karotte.examples.fix_tests import CASES_PER_FUNCTION, FUNCTIONS, RESULT_LIMIT, FixTests
 from karotte.spec import MiB
 
 IMAGE = "debian:bookworm+python3-pytest"
@@ -101,22 +99,15 @@ class FixTestsPytest(FixTests):
             "If you find that you cannot do the task, you may give up with the give_up tool; "
             "that ends the episode with reward 0.")
 
-    def grade(self, ctx) -> Grade:
-        cases = json.loads((ctx.hidden / "cases.json").read_text())
-        # Only what a case needs crosses into the nested sandbox: never "expected".
-        requests = [{"id": c["id"], "calls": c["calls"]} for c in cases]
-        r = ctx.run(PYTEST, cwd="/tests", timeout=RUN_TIMEOUT, memory=512 * MiB,
-                    env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
-                    files={"pytest.ini": PYTEST_INI, "test_hidden.py": HIDDEN_TESTS,
-                           "cases.json": json.dumps(requests)},
-                    output_limit=len(cases) * (RESULT_LIMIT + 256))
-        results = parse_results(r.stdout)
-        failed = [c["id"] for c in cases
-                  if c["id"] not in results or not same(results[c["id"]], c["expected"])]
-        passed = len(cases) - len(failed)
-        return Grade(passed / len(cases), {"passed": passed, "cases": len(cases),
-                                           "failed": failed, "pytest_exit": r.exit_code,
-                                           "pytest_timed_out": r.timed_out})
+    runner = "pytest"
+
+    def run_cases(self, ctx, requests: list[dict]):
+        """Every case as a test of one pytest run; results on the saved stdout."""
+        return ctx.run(PYTEST, cwd="/tests", timeout=RUN_TIMEOUT, memory=512 * MiB,
+                       env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+                       files={"pytest.ini": PYTEST_INI, "test_hidden.py": HIDDEN_TESTS,
+                              "cases.json": json.dumps(requests)},
+                       output_limit=len(requests) * (RESULT_LIMIT + 256))
 
     def reference_solution(self, seed: int):
-        return [*FixTests().reference_solution(seed)[:-1], "python3 -m pytest -q tests | tail -n 1"]
+        return [*super().reference_solution(seed)[:-1], "python3 -m pytest -q tests | tail -n 1"]
