@@ -310,3 +310,17 @@ def userland(request) -> str:
         pytest.skip("an unprivileged caller cannot run on a root-owned tree such as "
                     "mmdebstrap's (docs/image-sandbox.md)")
     return f"dir:{request.getfixturevalue('attack_tree')}"
+
+
+# Forks until the pids limit stops it; prints the errno's name and how many children it made.
+FORK_BOMB = """
+import os, errno, time
+kids = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(60); os._exit(0)
+        kids += 1
+except OSError as e:
+    print(errno.errorcode[e.errno], kids)
+"""

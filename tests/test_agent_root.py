@@ -19,7 +19,7 @@ import tempfile
 import psutil
 import pytest
 
-from conftest import needs_sandbox, py, run_karotte_sandbox
+from conftest import FORK_BOMB, needs_sandbox, py, run_karotte_sandbox
 from karotte import plan
 from karotte import protocol as p
 from karotte.sandbox import AGENT_UID, Sandbox
@@ -189,17 +189,7 @@ def test_ROOT_OOM_01_root_cannot_make_init_the_victim_of_its_own_oom(no_leaks):
 @pytest.mark.cgroup2
 def test_root_is_held_by_the_pids_limit_and_the_memory_limit(no_leaks):
     with Sandbox(SandboxSpec(agent_user="root", pids=32, memory=96 * MiB, timeout=20)) as sb:
-        r = sb.exec(py("""
-import os, errno, time
-kids = 0
-try:
-    while True:
-        if os.fork() == 0:
-            time.sleep(60); os._exit(0)
-        kids += 1
-except OSError as e:
-    print(errno.errorcode[e.errno], kids)
-"""))
+        r = sb.exec(py(FORK_BOMB))
         code, kids = r.stdout.split()
         assert code == b"EAGAIN" and int(kids) < 32
         if sb.cgroup is not None:

@@ -27,7 +27,7 @@ import psutil
 import pytest
 from pyroute2 import NetNS
 
-from conftest import BPF_JIT_CALLS, SMALL_LIMITS, SYSCALL_PROBE, _nr, py, sandbox_processes
+from conftest import BPF_JIT_CALLS, FORK_BOMB, SMALL_LIMITS, SYSCALL_PROBE, _nr, py, sandbox_processes
 from karotte import cgroups, hostdirs, native, userns
 from karotte.errors import HostUnsupported
 from karotte.protections import PROTECTIONS
@@ -91,17 +91,7 @@ def assert_all_gone(pids: set[int]) -> None:
 
 @pytest.mark.cgroup2
 def test_RES_FORK_01_fork_bomb_hits_pids_max_and_kill_all_ends_it(small_sandbox):
-    r = small_sandbox.exec(py("""
-import os, errno, time
-kids = 0
-try:
-    while True:
-        if os.fork() == 0:
-            time.sleep(60); os._exit(0)
-        kids += 1
-except OSError as e:
-    print(errno.errorcode[e.errno], kids)
-"""), timeout=20)
+    r = small_sandbox.exec(py(FORK_BOMB), timeout=20)
     code, kids = r.stdout.split()
     assert code == b"EAGAIN" and int(kids) < 64
     assert len(sandbox_processes()) <= 64 + 1  # the agent's 64 and init
