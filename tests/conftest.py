@@ -324,3 +324,15 @@ try:
 except OSError as e:
     print(errno.errorcode[e.errno], kids)
 """
+
+
+def assert_measured(series: dict) -> None:
+    """A benchmark's series (its JSON) was measured: samples, and stats that agree."""
+    assert series["status"] == "ok", series
+    samples = series["samples_ns"]
+    assert samples and all(isinstance(s, int) and s > 0 for s in samples), series["name"]
+    stats = series["stats"]
+    assert stats["n"] == len(samples)
+    for key in ("median_ms", "p10_ms", "p90_ms", "min_ms", "max_ms"):
+        assert stats[key] > 0, (series["name"], key)
+    assert stats["p10_ms"] <= stats["median_ms"] <= stats["p90_ms"]

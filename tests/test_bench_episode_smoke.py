@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import needs_sandbox
+from conftest import assert_measured, needs_sandbox
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "scripts", "bench_episode.py")
@@ -39,17 +39,6 @@ def _all_series(result: dict) -> list[dict]:
     return found + list(cases["scan"]["series"])
 
 
-def _assert_measured(series: dict) -> None:
-    assert series["status"] == "ok", series
-    samples = series["samples_ns"]
-    assert samples and all(isinstance(s, int) and s > 0 for s in samples), series["name"]
-    stats = series["stats"]
-    assert stats["n"] == len(samples)
-    for key in ("median_ms", "p10_ms", "p90_ms", "min_ms", "max_ms"):
-        assert stats[key] > 0, (series["name"], key)
-    assert stats["p10_ms"] <= stats["median_ms"] <= stats["p90_ms"]
-
-
 def test_every_case_is_in_the_json_with_the_machine(quick):
     result, _ = quick
     assert set(result["cases"]) == set(CASES)
@@ -62,7 +51,7 @@ def test_every_series_of_every_case_has_positive_numbers(quick):
     series = _all_series(result)
     assert len(series) >= 20
     for s in series:
-        _assert_measured(s)
+        assert_measured(s)
 
 
 def test_latency_times_every_phase_of_both_variants(quick):

@@ -17,6 +17,8 @@ import time
 
 import pytest
 
+from conftest import assert_measured
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "scripts", "bench_images.py")
 CASES = ("import", "phases", "profile")
@@ -48,17 +50,6 @@ def quick(tmp_path_factory) -> tuple[dict, str, int]:
     return json.loads(out.read_text()), stdout, proc.pid
 
 
-def _assert_measured(series: dict) -> None:
-    assert series["status"] == "ok", series
-    samples = series["samples_ns"]
-    assert samples and all(isinstance(s, int) and s > 0 for s in samples), series["name"]
-    stats = series["stats"]
-    assert stats["n"] == len(samples)
-    for key in ("median_ms", "p10_ms", "p90_ms", "min_ms", "max_ms"):
-        assert stats[key] > 0, (series["name"], key)
-    assert stats["p10_ms"] <= stats["median_ms"] <= stats["p90_ms"]
-
-
 def test_every_case_is_in_the_json_with_the_machine(quick):
     result, _, _ = quick
     assert set(result["cases"]) == set(CASES)
@@ -86,7 +77,7 @@ def test_every_series_of_the_import_case_has_positive_numbers(quick):
     case = result["cases"]["import"]
     assert [s["name"] for s in case["series"]] == list(SERIES)
     for series in case["series"]:
-        _assert_measured(series)
+        assert_measured(series)
     assert case["karotte_over_tar"] > 0 and case["karotte_gzip_over_gzip_tar"] > 0
 
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import needs_sandbox
+from conftest import assert_measured, needs_sandbox
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "scripts", "bench_sandbox.py")
@@ -44,17 +44,6 @@ def _series(result: dict) -> list[dict]:
     return found
 
 
-def _assert_measured(series: dict) -> None:
-    assert series["status"] == "ok", series
-    samples = series["samples_ns"]
-    assert samples and all(isinstance(s, int) and s > 0 for s in samples), series["name"]
-    stats = series["stats"]
-    assert stats["n"] == len(samples)
-    for key in ("median_ms", "p10_ms", "p90_ms", "min_ms", "max_ms"):
-        assert stats[key] > 0, (series["name"], key)
-    assert stats["p10_ms"] <= stats["median_ms"] <= stats["p90_ms"]
-
-
 def _assert_skipped_with_reason(series: dict) -> None:
     assert series["status"] == "skipped"
     assert isinstance(series["reason"], str) and series["reason"].strip()
@@ -74,7 +63,7 @@ def test_every_series_has_positive_numbers_or_says_why_it_has_none(quick):
         if series["status"] == "skipped":
             _assert_skipped_with_reason(series)
         else:
-            _assert_measured(series)
+            assert_measured(series)
 
 
 def test_karotte_is_measured_in_every_case(quick):
@@ -94,7 +83,7 @@ def test_a_peer_on_the_machine_is_measured_or_skipped_with_the_reason_it_failed(
         if shutil.which(tool) is None or series["status"] == "skipped":
             _assert_skipped_with_reason(series)
         else:
-            _assert_measured(series)
+            assert_measured(series)
 
 
 def test_big_parent_reports_how_much_the_parent_held(quick):
@@ -149,4 +138,4 @@ def test_a_peer_missing_from_the_machine_is_skipped_with_a_reason_not_a_number(t
     goal = next(g for g in result["goals"] if "bwrap" in g["name"])
     assert goal["met"] is None
     assert "skipped" in stdout
-    _assert_measured(series["karotte"])
+    assert_measured(series["karotte"])
