@@ -14,9 +14,9 @@ Cases (medians with p10/p90, and ratios):
 
   import    round-robin, with a rotating start, of:
             - Karotte's whole `Store(root).import_image("docker-archive:x.tar:repo/x:t")`
-              into a fresh, empty store on tmpfs (blob copy and sha256, diff_id sha256 of
-              each layer as it is extracted, hostile-layer extraction, the tree's manifest
-              with a sha256 of every file, os.sync, records);
+              into a fresh, empty store on tmpfs (each layer read once: copied into blobs/
+              and hashed by a thread while it is extracted, every file hashed as it is
+              written, the tree's manifest, syncfs, records);
             - `tar -x` of the archive's layers (taken out of it in the set-up) into a fresh
               directory on tmpfs, in order: the floor;
             - a repeat import of the same archive into that store (a cache hit);
@@ -73,16 +73,16 @@ TOOLS = ("umoci", "skopeo", "tar", "gzip")
 IMAGE_PHASES: dict[str, tuple[str, str]] = {
     "import: whole (Store.import_image)": ("karotte.images.store", "Store.import_image"),
     "read manifest.json, the config (oci.read_image)": ("karotte.images.oci", "read_image"),
-    "copy + sha256 of each layer blob into blobs/ (Store._put_blob)":
-        ("karotte.images.store", "Store._put_blob"),
     "tree: build whole (Store._build)": ("karotte.images.store", "Store._build"),
-    "tree: each layer: decompress, diff_id sha256, extract (Store._apply)":
-        ("karotte.images.store", "Store._apply"),
-    "tree: each layer: extract (apply_layer)": ("karotte.images.store", "apply_layer"),
-    "tree: manifest, a walk and a sha256 of every file (manifest)":
+    "tree: each layer: read once, copied into blobs/ and extracted (Layers.from_source)":
+        ("karotte.images.layers", "Layers.from_source"),
+    "tree: each layer: extract (apply_layer)": ("karotte.images.layers", "apply_layer"),
+    "tree: each layer: the blob copy's end, fsync and digest (BlobCopy.finish)":
+        ("karotte.images.blobs", "BlobCopy.finish"),
+    "tree: manifest, a walk taking the files' hashes from extraction (manifest)":
         ("karotte.images.store", "manifest"),
-    "tree: manifest.jsonl text (_manifest_text)": ("karotte.images.store", "_manifest_text"),
-    "tree: sync of every filesystem (os.sync)": ("os", "sync"),
+    "tree: manifest.jsonl text (manifest_text)": ("karotte.images.store", "manifest_text"),
+    "tree: syncfs of the store's filesystem (syncfs)": ("karotte.images.store", "syncfs"),
     "records under sources/ and refs/ (Store._write_record)":
         ("karotte.images.store", "Store._write_record"),
 }

@@ -1,8 +1,9 @@
 """Apply one OCI layer (an uncompressed tar stream) onto a tree, treating the layer as hostile.
 
 apply_layer reads the tar once, in order (the store hashes the same bytes for the config's
-diff_ids), and writes each entry into the tree behind a directory fd. manifest lists the
-tree that results, for the store's manifest and `image verify`.
+diff_ids), and writes each entry into the tree behind a directory fd, hashing each file
+as it writes it. manifest (karotte/images/tree.py) lists the tree that results, for the
+store's manifest and `image verify`.
 
 Why a layer cannot write outside the tree or plant anything the tree must not hold:
 - A name is split into components before anything is touched: an absolute name, a `..`
@@ -26,14 +27,11 @@ Why a layer cannot write outside the tree or plant anything the tree must not ho
 - No xattr is ever set: `security.*` (file capabilities, SELinux labels) and `trusted.*`
   are dropped, and `user.*` too, since `user.overlay.*` would steer the overlay that mounts
   this tree in a user namespace (IMG-XATTR-01).
-- Whiteouts (IMG-WHITEOUT-01): a regular, empty `.wh.NAME` deletes NAME of the lower
-  layers, `.wh..wh..opq` deletes what lower layers put in its directory; either keeps what
-  this layer adds, in whatever order the tar has them. `.wh.`, `.wh..`, `.wh...`, an
-  opaque marker at the root, a whiteout that is not an empty regular file, a whiteout
-  through a symlink and a `.wh.` name used as a directory refuse the image. AUFS's own
-  metadata at the root (`.wh..wh.plnk`, `.wh..wh.aufs`, `.wh..wh.orph`, and what is under
-  them) is skipped, as Docker skips it: it is AUFS's bookkeeping, not part of the image; a
-  hard link into `.wh..wh.plnk` is then refused as a link to a name not in the tree.
+- Whiteouts (IMG-WHITEOUT-01), karotte/images/whiteout.py: `.wh.NAME` deletes NAME of the
+  lower layers, `.wh..wh..opq` what they put in its directory, keeping what this layer
+  adds; a whiteout that would erase its parent or the root, or is malformed, refuses the
+  image. AUFS's own metadata at the root is skipped, as Docker skips it; a hard link into
+  `.wh..wh.plnk` is then refused as a link to a name not in the tree.
 - Budgets (IMG-BOMB-01) are checked from each header before its data is read: entries,
   depth, path bytes, one file's size, the bytes of regular files in the tree after this
   layer (what it frees counts) and the bytes of data read. An extended header (pax, GNU
@@ -63,55 +61,23 @@ import tarfile
 from dataclasses import dataclass
 from typing import BinaryIO, Callable
 
-from ..errors import KarotteError
 from ..results import capped, escape
+# RULES, LayerError, TreeEntry and manifest are re-exported: extract's names since it began.
+from .tree import (CHUNK, DIR_FLAGS, RULES, LayerError, TreeEntry, join, lstat_at, manifest,
+                   sorted_names)
+from .whiteout import AUFS_META, WHITEOUT, Whiteouts
 
 __all__ = ["LayerError", "LayerBudget", "TreeEntry", "RULES", "EXTENDED_HEADER_LIMIT",
            "apply_layer", "manifest"]
-
-RULES = {
-    "IMG-TRAVERSAL-01": "a name must stay inside the tree: no absolute name, no '..', "
-                        "no NUL, parents must be directories",
-    "IMG-SYMLINK-01": "no write through a symlink an earlier entry or layer planted",
-    "IMG-HARDLINK-01": "a hard link must name a regular file already in the tree",
-    "IMG-DEVICE-01": "only files, directories, symlinks and hard links: no device, FIFO "
-                     "or other type",
-    "IMG-WHITEOUT-01": "a whiteout is an empty regular file that deletes one name of the "
-                       "lower layers, never its parent or the root",
-    "IMG-BOMB-01": "every size and count within the layer budget",
-    "IMG-TAR-01": "the layer must be a well-formed tar",
-    "IMG-WRITE-01": "the entry must be writable into the tree",
-    "IMG-TREE-01": "a tree holds only files, directories and symlinks",
-}
 
 # Bytes of one pax or GNU long-name header, which tarfile reads whole into memory. A path
 # is at most max_path_bytes; the rest (xattrs) is dropped anyway.
 EXTENDED_HEADER_LIMIT = 64 << 10
 _ENTRY_TEXT_LIMIT = 1024  # bytes of JSON of the entry a LayerError names
 
-# AUFS's own metadata at the root of a layer, skipped (Docker's archive code does the same).
-_AUFS_META = (b".wh..wh.plnk", b".wh..wh.aufs", b".wh..wh.orph")
-_WHITEOUT = b".wh."
-_OPAQUE = b".wh..wh..opq"
-
 # Never follow a link, never leak into a child.
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-# manifest's reads: O_NONBLOCK and O_NOCTTY, should anything but a file ever be there.
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-_CHUNK = 1 << 20
 _MAX_MTIME = 9 * 10**9  # seconds: what a signed 64-bit count of nanoseconds holds
-
-
-class LayerError(KarotteError):
-    """A layer entry refused. ``entry`` is its path as the tar names it, escaped (as
-    karotte.results.escape does); ``rule`` the attack id of RULES it broke; ``detail`` what
-    was found. The image is refused as a whole."""
-
-    def __init__(self, entry: str, rule: str, detail: str):
-        super().__init__(f"layer entry {entry} refused by {rule} ({RULES[rule]}): {detail}; "
-                         "the image is refused: rebuild it without this entry")
-        self.entry, self.rule, self.detail = entry, rule, detail
 
 
 @dataclass(frozen=True)
@@ -122,22 +88,6 @@ class LayerBudget:
     max_file_size: int = 8 << 30
     max_depth: int = 64  # components of a name
     max_path_bytes: int = 4096  # of a name, a symlink target or a hard link's target
-
-
-@dataclass(frozen=True)
-class TreeEntry:
-    """One path of the final tree, as manifest measures it (never following a link).
-    ``path`` is relative to the root ("." is the root) and escaped as karotte.results.escape
-    does, as is ``target``; ``mode`` the permission bits (S_IMODE); ``size`` 0 for a
-    directory, the target's length for a symlink."""
-    path: str
-    type: str  # "file" | "dir" | "symlink": nothing else exists in a tree
-    mode: int
-    uid: int
-    gid: int
-    size: int
-    sha256: str | None  # files only
-    target: str | None  # symlinks only, kept as is, never followed
 
 
 class _Corrupt(Exception):
@@ -177,29 +127,15 @@ _TAR_ERRORS = (tarfile.TarError, _Corrupt, ValueError, OverflowError, RecursionE
                EOFError, UnicodeError)
 
 
-def _lstat(name: bytes, dir_fd: int) -> os.stat_result | None:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-
-
-def _names(fd: int) -> list[bytes]:
-    return sorted(os.fsencode(n) for n in os.listdir(fd))
-
-
-def _join(dirs: list[bytes] | tuple[bytes, ...], name: bytes) -> bytes:
-    return b"/".join((*dirs, name))
-
-
-class _Layer:
+class _Layer(Whiteouts):
     """One apply_layer call: the root fd, the budget, and what this layer added."""
 
     def __init__(self, root_fd: int, budget: LayerBudget,
-                 ids: Callable[[int, int], tuple[int, int]] | None):
-        self.budget, self.ids = budget, ids
+                 ids: Callable[[int, int], tuple[int, int]] | None,
+                 hashes: dict[int, tuple[int, str]] | None):
+        self.budget, self.ids, self.hashes = budget, ids, hashes
         self.unprivileged = os.geteuid() != 0
-        self.root = os.open(".", _DIR_FLAGS, dir_fd=root_fd)  # our own fd and offset
+        self.root = os.open(".", DIR_FLAGS, dir_fd=root_fd)  # our own fd and offset
         self.chain: list[tuple[bytes, int]] = []  # open fds of the current entry's parents
         self.raw = b""  # the entry being applied, as the tar names it
         self.entries = 0
@@ -208,7 +144,7 @@ class _Layer:
         self.added: set[bytes] = set()  # paths this layer made (a merged directory too)
         self.holds: set[bytes] = set()  # directories with something this layer made below
         self.dirs: dict[bytes, tuple[int, int | None]] = {}  # path: (mode, mtime ns) at end
-        self.buf = memoryview(bytearray(_CHUNK))
+        self.buf = memoryview(bytearray(CHUNK))
         mode = stat.S_IMODE(os.fstat(self.root).st_mode)
         if self.unprivileged and mode & 0o700 != 0o700:  # as _open_up does below the root
             self.dirs[b""] = (mode, None)
@@ -279,10 +215,10 @@ class _Layer:
 
     def _entry(self, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
         parts = self._parts(self.raw, "IMG-TRAVERSAL-01", "the name")
-        if parts and parts[0] in _AUFS_META:
+        if parts and parts[0] in AUFS_META:
             self._count_read(m)  # skipped, but read all the same
             return
-        if any(p.startswith(_WHITEOUT) for p in parts[:-1]):
+        if any(p.startswith(WHITEOUT) for p in parts[:-1]):
             raise self.refuse("IMG-WHITEOUT-01", "a whiteout name used as a directory")
         if m.sparse is not None:
             raise self.refuse("IMG-TAR-01", "a sparse file (not supported in layers)")
@@ -293,7 +229,7 @@ class _Layer:
             self.dirs[b""] = (stat.S_IMODE(m.mode) & ~0o6000, self._mtime(m))
             return
         dirs, name = parts[:-1], parts[-1]
-        if name.startswith(_WHITEOUT):
+        if name.startswith(WHITEOUT):
             self._whiteout(m, dirs, name)
         elif m.isreg():
             self._file(tf, m, dirs, name)
@@ -313,16 +249,16 @@ class _Layer:
     def _open_dir(self, parent: int, name: bytes, path: bytes) -> int:
         """The directory name in parent, never through a symlink; writable by us."""
         try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+            fd = os.open(name, DIR_FLAGS, dir_fd=parent)
         except PermissionError:
             if not self.unprivileged:
                 raise
             self._open_up(parent, name, path)
-            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+            fd = os.open(name, DIR_FLAGS, dir_fd=parent)
         except OSError as exc:
             if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
                 raise
-            st = _lstat(name, parent)
+            st = lstat_at(name, parent)
             if st is not None and stat.S_ISLNK(st.st_mode):
                 raise self.refuse("IMG-SYMLINK-01", f"{escape(path)} is a symlink; a layer "
                                   "never writes through one") from None
@@ -337,7 +273,7 @@ class _Layer:
         layer works in it; _finish gives it its mode back. By name, since a directory
         without r cannot be opened: lstat shows a directory there, and nothing but this
         layer writes in the tree, so there is no link to follow."""
-        st = _lstat(name, parent)
+        st = lstat_at(name, parent)
         if st is None or not stat.S_ISDIR(st.st_mode):
             raise self.refuse("IMG-TRAVERSAL-01", f"{escape(path)} is not a directory")
         mode = stat.S_IMODE(st.st_mode)
@@ -357,11 +293,11 @@ class _Layer:
         for i in range(keep, len(dirs)):
             parent = self.chain[-1][1] if self.chain else self.root
             path = b"/".join(dirs[:i + 1])
-            if _lstat(dirs[i], parent) is None:
+            if lstat_at(dirs[i], parent) is None:
                 if not create:
                     return None
                 os.mkdir(dirs[i], 0o700, dir_fd=parent)
-                fd = os.open(dirs[i], _DIR_FLAGS, dir_fd=parent)
+                fd = os.open(dirs[i], DIR_FLAGS, dir_fd=parent)
                 self.chain.append((dirs[i], fd))
                 self._own_ids(fd, 0, 0)  # a parent the tar never named: root's, 0755
                 self.dirs[path] = (0o755, None)
@@ -374,10 +310,10 @@ class _Layer:
         """A fresh fd of the directory parts names (the caller closes it), or None if a
         component is missing, a symlink or not a directory. The current entry's chain of
         fds stays as it is."""
-        fd = os.open(".", _DIR_FLAGS, dir_fd=self.root)
+        fd = os.open(".", DIR_FLAGS, dir_fd=self.root)
         for part in parts:
             try:
-                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
             except OSError as exc:
                 os.close(fd)
                 if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
@@ -425,7 +361,7 @@ class _Layer:
 
     def _clear(self, parent: int, name: bytes, path: bytes) -> None:
         """Remove what is at name (a lower layer's, or an earlier entry's), fd-relative."""
-        st = _lstat(name, parent)
+        st = lstat_at(name, parent)
         if st is None:
             return
         if stat.S_ISDIR(st.st_mode):
@@ -441,7 +377,7 @@ class _Layer:
     def _rmtree(self, parent: int, name: bytes, path: bytes) -> None:
         """Remove the directory name and all below it, never following a link."""
         fd = self._open_dir(parent, name, path)
-        stack = [(parent, name, path, fd, _names(fd))]
+        stack = [(parent, name, path, fd, sorted_names(fd))]
         try:
             while stack:
                 up, dname, dpath, dfd, names = stack[-1]
@@ -451,88 +387,18 @@ class _Layer:
                     os.rmdir(dname, dir_fd=up)
                     continue
                 child = names.pop()
-                st = _lstat(child, dfd)
+                st = lstat_at(child, dfd)
                 if st is None:
                     continue
                 if stat.S_ISDIR(st.st_mode):
                     cpath = dpath + b"/" + child
                     cfd = self._open_dir(dfd, child, cpath)
-                    stack.append((dfd, child, cpath, cfd, _names(cfd)))
+                    stack.append((dfd, child, cpath, cfd, sorted_names(cfd)))
                 else:
                     self._unlink(dfd, child, st)
         finally:
             for _, _, _, dfd, _ in stack:
                 os.close(dfd)
-
-    def _ours(self, path: bytes) -> bool:
-        """Whether this layer made path, or something below it."""
-        return path in self.added or path in self.holds
-
-    def _remove_lower(self, parent: int, name: bytes, path: bytes) -> None:
-        """Remove what lower layers put at name, keeping what this layer made there (in
-        whatever order the tar has the whiteout and this layer's own entries)."""
-        st = _lstat(name, parent)
-        if st is None:
-            return
-        if not self._ours(path):
-            self._clear(parent, name, path)
-            return
-        if not stat.S_ISDIR(st.st_mode):
-            return  # this layer's own entry
-        fd = self._open_dir(parent, name, path)
-        stack = [(fd, path, _names(fd))]
-        try:
-            while stack:
-                dfd, dpath, names = stack[-1]
-                if not names:
-                    stack.pop()
-                    os.close(dfd)
-                    continue
-                child = names.pop()
-                cpath = dpath + b"/" + child
-                st = _lstat(child, dfd)
-                if st is None:
-                    continue
-                if not self._ours(cpath):
-                    self._clear(dfd, child, cpath)
-                elif stat.S_ISDIR(st.st_mode):
-                    cfd = self._open_dir(dfd, child, cpath)
-                    stack.append((cfd, cpath, _names(cfd)))
-        finally:
-            for dfd, _, _ in stack:
-                os.close(dfd)
-
-    def _whiteout(self, m: tarfile.TarInfo, dirs: list[bytes], name: bytes) -> None:
-        if not m.isreg() or m.size:
-            raise self.refuse("IMG-WHITEOUT-01", "a whiteout must be an empty regular file")
-        if name == _OPAQUE:
-            if not dirs:
-                raise self.refuse("IMG-WHITEOUT-01", "an opaque marker at the root would "
-                                  "erase every lower layer")
-            target = None
-        else:
-            target = name[len(_WHITEOUT):]
-            if target in (b"", b".", b".."):
-                raise self.refuse("IMG-WHITEOUT-01", f"{escape(name)} would erase its "
-                                  "parent directory")
-            if target.startswith(_WHITEOUT):
-                raise self.refuse("IMG-WHITEOUT-01", "a whiteout of a whiteout name (AUFS "
-                                  "metadata is allowed only at the root: "
-                                  ".wh..wh.plnk, .wh..wh.aufs, .wh..wh.orph)")
-        try:
-            parent = self._parent(dirs, create=False)
-        except LayerError as exc:
-            if exc.rule == "IMG-SYMLINK-01":
-                raise self.refuse("IMG-SYMLINK-01", f"a whiteout through a symlink: "
-                                  f"{exc.detail}") from None
-            raise
-        if parent is None:
-            return  # nothing there to delete
-        if target is not None:
-            self._remove_lower(parent, target, _join(dirs, target))
-            return
-        for child in _names(parent):
-            self._remove_lower(parent, child, _join(dirs, child))
 
     def _file(self, tf: tarfile.TarFile, m: tarfile.TarInfo, dirs: list[bytes],
               name: bytes) -> None:
@@ -542,32 +408,36 @@ class _Layer:
                               f"(max_file_size={budget.max_file_size})")
         self._count_read(m)
         parent = self._parent(dirs, create=True)
-        self._clear(parent, name, _join(dirs, name))
+        self._clear(parent, name, join(dirs, name))
         if self.total + m.size > budget.max_bytes:
             raise self.refuse("IMG-BOMB-01", f"the tree's files would exceed "
                               f"max_bytes={budget.max_bytes}")
         fd = os.open(name, _NEW_FILE_FLAGS, 0o600, dir_fd=parent)
         try:
             self.total += m.size
-            self._copy(tf, m, fd)
+            digest = self._copy(tf, m, fd)
+            if self.hashes is not None:
+                self.hashes[os.fstat(fd).st_ino] = (m.size, digest)
             self._own(fd, m)
             # IMG-SETUID-01: the permission bits only; chmod after chown, which clears them.
             os.fchmod(fd, stat.S_IMODE(m.mode) & 0o777)
             os.utime(fd, ns=(self._mtime(m),) * 2)
         finally:
             os.close(fd)
-        self._add(_join(dirs, name))
+        self._add(join(dirs, name))
 
-    def _copy(self, tf: tarfile.TarFile, m: tarfile.TarInfo, fd: int) -> None:
-        """The member's data into fd, exactly m.size bytes, or a refusal."""
+    def _copy(self, tf: tarfile.TarFile, m: tarfile.TarInfo, fd: int) -> str:
+        """The member's data into fd, exactly m.size bytes, or a refusal; its sha256."""
         done = 0
+        h = hashlib.sha256()
         try:
             src = tf.extractfile(m)
             while done < m.size:
-                n = src.readinto(self.buf[:min(_CHUNK, m.size - done)])
+                n = src.readinto(self.buf[:min(CHUNK, m.size - done)])
                 if not n:
                     break
                 chunk = self.buf[:n]
+                h.update(chunk)
                 while chunk:
                     chunk = chunk[os.write(fd, chunk):]
                 done += n
@@ -576,11 +446,12 @@ class _Layer:
         if done != m.size:
             raise self.refuse("IMG-TAR-01", f"{done} bytes of data where the header says "
                               f"{m.size}")
+        return h.hexdigest()
 
     def _dir(self, m: tarfile.TarInfo, dirs: list[bytes], name: bytes) -> None:
         parent = self._parent(dirs, create=True)
-        path = _join(dirs, name)
-        st = _lstat(name, parent)
+        path = join(dirs, name)
+        st = lstat_at(name, parent)
         if st is None or not stat.S_ISDIR(st.st_mode):
             if st is not None:
                 self._unlink(parent, name, st)
@@ -603,7 +474,7 @@ class _Layer:
                               f"(max_path_bytes={self.budget.max_path_bytes})")
         mtime = self._mtime(m)
         parent = self._parent(dirs, create=True)
-        self._clear(parent, name, _join(dirs, name))
+        self._clear(parent, name, join(dirs, name))
         # Kept as the image has it, absolute or not; nothing here ever follows it.
         os.symlink(target, name, dir_fd=parent)
         if self.ids is not None:
@@ -612,7 +483,7 @@ class _Layer:
             except OverflowError as exc:
                 raise self.refuse("IMG-TAR-01", f"owner out of range: {exc}") from None
         os.utime(name, ns=(mtime, mtime), dir_fd=parent, follow_symlinks=False)
-        self._add(_join(dirs, name))
+        self._add(join(dirs, name))
 
     def _hardlink(self, m: tarfile.TarInfo, dirs: list[bytes], name: bytes) -> None:
         raw = os.fsencode(m.linkname)
@@ -627,7 +498,7 @@ class _Layer:
             raise self.refuse("IMG-HARDLINK-01", f"{what} is not in the tree (yet), or its "
                               "path has a symlink or a non-directory (never followed)")
         try:
-            st = _lstat(tparts[-1], tparent)
+            st = lstat_at(tparts[-1], tparent)
             if st is None:
                 raise self.refuse("IMG-HARDLINK-01", f"{what} is not in the tree (yet)")
             if not stat.S_ISREG(st.st_mode):
@@ -635,13 +506,13 @@ class _Layer:
                     "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
                 raise self.refuse("IMG-HARDLINK-01", f"{what} is {kind}")
             parent = self._parent(dirs, create=True)
-            self._clear(parent, name, _join(dirs, name))
+            self._clear(parent, name, join(dirs, name))
             # linkat without AT_SYMLINK_FOLLOW, from our fd of the target's directory.
             os.link(tparts[-1], name, src_dir_fd=tparent, dst_dir_fd=parent,
                     follow_symlinks=False)
         finally:
             os.close(tparent)
-        self._add(_join(dirs, name))
+        self._add(join(dirs, name))
 
     # -- before and after
 
@@ -649,13 +520,13 @@ class _Layer:
         """Bytes of the regular files already in the tree (each inode once)."""
         total = 0
         seen: set[int] = set()
-        stack = [(os.open(".", _DIR_FLAGS, dir_fd=self.root), b"")]
+        stack = [(os.open(".", DIR_FLAGS, dir_fd=self.root), b"")]
         try:
             while stack:
                 fd, path = stack.pop()
                 try:
-                    for child in _names(fd):
-                        st = _lstat(child, fd)
+                    for child in sorted_names(fd):
+                        st = lstat_at(child, fd)
                         if st is None:
                             continue
                         if stat.S_ISDIR(st.st_mode):
@@ -691,7 +562,8 @@ class _Layer:
 
 
 def apply_layer(stream: BinaryIO, root_fd: int, *, budget: LayerBudget = LayerBudget(),
-                ids: Callable[[int, int], tuple[int, int]] | None = None) -> None:
+                ids: Callable[[int, int], tuple[int, int]] | None = None,
+                hashes: dict[int, tuple[int, str]] | None = None) -> None:
     """Apply one uncompressed layer tar read from stream (once, in order, as tarfile 'r|'
     reads it) onto the tree whose root directory fd is root_fd; root_fd is not closed.
 
@@ -700,67 +572,12 @@ def apply_layer(stream: BinaryIO, root_fd: int, *, budget: LayerBudget = LayerBu
     anything the tar holds that the module docstring refuses; the tree is then partly
     written: discard it. Reading stops at the tar's end-of-archive marker: a caller that
     hashes the stream reads what follows itself.
+
+    hashes, if given, gets (size, sha256 hex) of each file written, by inode: what
+    manifest(root_fd, hashes) takes instead of reading the files again.
     """
-    layer = _Layer(root_fd, budget, ids)
+    layer = _Layer(root_fd, budget, ids, hashes)
     try:
         layer.run(stream)
     finally:
         layer.close()
-
-
-def manifest(root_fd: int) -> tuple[TreeEntry, ...]:
-    """Every path of the tree under root_fd, the root (".") first, then depth first with
-    names in byte order; measured with lstat, files read through O_NOFOLLOW fds whose
-    fstat must match. Raises LayerError (IMG-TREE-01) for anything that is not a file,
-    directory or symlink, or a file that changed while it was read."""
-    out: list[TreeEntry] = []
-    root = os.open(".", _DIR_FLAGS, dir_fd=root_fd)
-    st = os.fstat(root)
-    out.append(TreeEntry(".", "dir", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, 0,
-                         None, None))
-    stack: list[tuple[int, bytes, list[bytes]]] = [(root, b"", _names(root)[::-1])]
-    try:
-        while stack:
-            fd, dpath, names = stack[-1]
-            if not names:
-                stack.pop()
-                os.close(fd)
-                continue
-            name = names.pop()
-            path = dpath + b"/" + name if dpath else name
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            common = (escape(path), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-            if stat.S_ISDIR(st.st_mode):
-                cfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
-                if os.fstat(cfd).st_ino != st.st_ino:
-                    os.close(cfd)
-                    raise LayerError(escape(path), "IMG-TREE-01", "changed while measured")
-                stack.append((cfd, path, _names(cfd)[::-1]))
-                out.append(TreeEntry(common[0], "dir", *common[1:], 0, None, None))
-            elif stat.S_ISLNK(st.st_mode):
-                target = escape(os.readlink(name, dir_fd=fd))
-                out.append(TreeEntry(common[0], "symlink", *common[1:], st.st_size, None,
-                                     target))
-            elif stat.S_ISREG(st.st_mode):
-                out.append(TreeEntry(common[0], "file", *common[1:], st.st_size,
-                                     _sha256(fd, name, path, st), None))
-            else:
-                raise LayerError(escape(path), "IMG-TREE-01",
-                                 f"file type {stat.S_IFMT(st.st_mode):#o} in the tree")
-    finally:
-        for fd, _, _ in stack:
-            os.close(fd)
-    return tuple(out)
-
-
-def _sha256(dir_fd: int, name: bytes, path: bytes, st: os.stat_result) -> str:
-    fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
-    try:
-        if (os.fstat(fd).st_ino, os.fstat(fd).st_size) != (st.st_ino, st.st_size):
-            raise LayerError(escape(path), "IMG-TREE-01", "changed while measured")
-        h = hashlib.sha256()
-        while chunk := os.read(fd, _CHUNK):
-            h.update(chunk)
-        return h.hexdigest()
-    finally:
-        os.close(fd)

@@ -18,31 +18,28 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import fcntl
+import functools
 import hashlib
-import io
 import json
 import os
 import secrets
-import shutil
-import stat
-import subprocess
-import tarfile
 import time
 from dataclasses import dataclass
-from typing import IO, Any, BinaryIO, Callable, Iterator
+from typing import Callable, Iterator
 
-from . import oci
-from .extract import LayerBudget, TreeEntry, apply_layer, manifest
-from .oci import DigestMismatch, ImageError
+from . import oci, sources
+from .blobs import fsync_dir, remove, syncfs, write_file
+from .extract import LayerBudget
+from .layers import Layers
+from .oci import ImageError
+from .tree import entry_dict, manifest, manifest_text
 from ..imageref import ImageRef, parse, parse_name
 
 ENV_IMAGE_DIR = "KAROTTE_IMAGE_DIR"
 ROOT_IMAGE_DIR = "/var/lib/karotte/images"
 NOBODY = 65534
 _CHUNK = 1 << 20
-DEBIAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class ImageNotFound(ImageError):
@@ -75,6 +72,23 @@ class Image:
     diff_ids: tuple[str, ...]
     size: int  # bytes of the regular files in the tree
     created: float  # when this name (or source) was recorded, seconds since the epoch
+
+
+@dataclass(frozen=True)
+class ImportProgress:
+    """Where an import is, as import_image's progress callback hears it: "build" (mmdebstrap
+    builds a debian: image: no counts), "layer" (layer `layer` of `layers`: `done` of
+    `total` bytes of its blob read, copied and extracted; total None where unknown),
+    "manifest" (the tree's manifest is written)."""
+
+    step: str
+    layer: int = 0
+    layers: int = 0
+    done: int = 0
+    total: int | None = None
+
+
+Progress = Callable[[ImportProgress], None]
 
 
 @dataclass(frozen=True)
@@ -127,7 +141,6 @@ class Store:
     def __init__(self, root: str | None = None, *, budget: LayerBudget | None = None):
         self.root = os.path.abspath(root or default_root())
         self.budget = budget or LayerBudget()
-        self.extractions = 0  # layers this object has unpacked (a cache hit unpacks none)
         if os.geteuid() == 0:
             # The image's own ids, as the image says (above 65535: nobody): a sandbox sees
             # them through an idmapped mount onto its user namespace (karotte/imageroot.py),
@@ -138,6 +151,12 @@ class Store:
                                   gid if gid < 65536 else NOBODY))
         else:
             self.ids_key, self._ids = f"uid{os.getuid()}", None
+        self.layers = Layers(self.root, self.budget, self._ids)
+
+    @property
+    def extractions(self) -> int:
+        """Layers this object has unpacked (a cache hit unpacks none)."""
+        return self.layers.extractions
 
     # -- layout ---------------------------------------------------------------------
 
@@ -146,9 +165,6 @@ class Store:
 
     def _tree_key(self, chain_id: str) -> str:
         return f"{oci.digest_hex(chain_id, 'chain id')}@{self.ids_key}"
-
-    def _blob_path(self, digest: str) -> str:
-        return self._path("blobs", "sha256", oci.digest_hex(digest, "blob"))
 
     def _ensure(self) -> None:
         # Nothing is reachable by other host users: as root, the trees hold files of the
@@ -203,9 +219,11 @@ class Store:
 
     # -- import ---------------------------------------------------------------------
 
-    def import_image(self, ref: ImageRef | str, name: str | None = None) -> Image:
+    def import_image(self, ref: ImageRef | str, name: str | None = None, *,
+                     progress: Progress | None = None) -> Image:
         """Import ref into the store (a cache hit if its tree is here) and record it, under
-        name if given. Atomic: a failed import leaves nothing a name refers to."""
+        name if given. Atomic: a failed import leaves nothing a name refers to. progress,
+        if given, is called as the import goes (ImportProgress), in this thread."""
         ref = parse(ref) if isinstance(ref, str) else ref
         if name is not None:
             parse_name(name)
@@ -213,15 +231,16 @@ class Store:
             raise ImageError(f"{str(ref)!r} is not an image source: import one of dir:, oci:, "
                              f"oci-archive:, docker-archive:, debian:")
         ref = _absolute(ref)
+        say = progress or (lambda p: None)
         self._ensure()
         with self._lock(self._path("store.lock"), fcntl.LOCK_SH):
             if ref.kind == "debian":
-                record, held = self._debian(ref)
+                record, held = self._debian(ref, say)
             elif ref.kind == "dir":
-                record, held = self._dir(ref)
+                record, held = self._dir(ref, say)
             else:
                 with oci.open_source(ref) as source:
-                    record, held = self._from_source(source, oci.read_image(source, ref))
+                    record, held = self._from_source(source, oci.read_image(source, ref), say)
             try:  # the tree stays held until a name refers to it: gc cannot take it between
                 record = {**record, "source": str(ref), "created": time.time()}
                 self._write_record(self._path("sources", _source_key(ref)), record)
@@ -231,26 +250,29 @@ class Store:
                 os.close(held)
         return self._image(record, name)
 
-    def _from_source(self, source: oci.Source, image: oci.SourceImage) -> tuple[dict, int]:
-        config_digest = self._put_bytes(image.config, image.config_digest,
+    def _from_source(self, source: oci.Source, image: oci.SourceImage,
+                     say: Progress) -> tuple[dict, int]:
+        config_digest = self.layers.put_bytes(image.config, image.config_digest,
                                         f"{source.label}: the config")
         config = _config_json(image.config, source.label)
         diff_ids = _diff_ids(config, len(image.layers), source.label)
         chain_id = chain_ids(diff_ids)[-1]
+        count = len(image.layers)
 
-        def layers() -> Iterator[tuple[str, str]]:
-            for layer in image.layers:
-                with source.open(layer.where) as f:
-                    digest = self._put_blob(f, layer.digest, f"{source.label}: layer {layer.where}")
-                yield digest, layer.compression or "sniff"
+        def layers() -> Iterator[Callable[[int, str, dict], str]]:
+            for number, layer in enumerate(image.layers, 1):
+                yield functools.partial(self.layers.from_source, source, layer,
+                                        functools.partial(_layer_progress, say, number, count))
 
-        return self._tree(chain_id, diff_ids, config_digest, layers)
+        return self._tree(chain_id, diff_ids, config_digest, layers, say)
 
     def _tree(self, chain_id: str, diff_ids: tuple[str, ...], config_digest: str,
-              layers: Callable[[], Iterator[tuple[str, str]]]) -> tuple[dict, int]:
-        """The record of the tree for chain_id: found, or built from layers() (each yields a
-        blob in the store and its compression) under the tree's build lock; and the fd of
-        the tree's lock, held shared (the caller closes it)."""
+              layers: Callable[[], Iterator[Callable[[int, str, dict], str]]],
+              say: Progress) -> tuple[dict, int]:
+        """The record of the tree for chain_id: found, or built from layers() under the
+        tree's build lock (each item applies one layer onto a root fd, checked against its
+        diff_id, and gives the blob's digest in the store); and the fd of the tree's lock,
+        held shared (the caller closes it)."""
         key = self._tree_key(chain_id)
         held = self._flock(self._path("locks", key), fcntl.LOCK_SH)
         assert held is not None
@@ -259,7 +281,7 @@ class Store:
             with self._lock(self._path("locks", key + ".build"), fcntl.LOCK_EX):
                 holder = self._path("trees", key)
                 if not os.path.isdir(holder):
-                    self._build(holder, chain_id, diff_ids, config_digest, layers)
+                    self._build(holder, chain_id, diff_ids, config_digest, layers, say)
                 with open(os.path.join(holder, "image.json")) as f:
                     built = json.load(f)
         except BaseException:
@@ -270,7 +292,8 @@ class Store:
                 "size": built["size"]}, held
 
     def _build(self, holder: str, chain_id: str, diff_ids: tuple[str, ...],
-               config_digest: str, layers: Callable[[], Iterator[tuple[str, str]]]) -> None:
+               config_digest: str, layers: Callable[[], Iterator[Callable[[int, str, dict], str]]],
+               say: Progress) -> None:
         tmp = self._path("tmp", f"tree-{os.getpid()}-{secrets.token_hex(8)}")
         os.mkdir(tmp, 0o700)
         try:
@@ -280,152 +303,82 @@ class Store:
             try:
                 if self._ids is not None:
                     os.fchown(root_fd, *self._ids(0, 0))  # the image's root owns its /
-                blobs = []
-                for (digest, compression), diff_id in zip(layers(), diff_ids, strict=True):
-                    self._apply(digest, compression, diff_id, root_fd)
-                    blobs.append(digest)
-                entries = manifest(root_fd)
-                os.fsync(root_fd)
+                hashes: dict[int, tuple[int, str]] = {}  # what extraction hashed, by inode
+                blobs = [apply(root_fd, diff_id, hashes)
+                         for apply, diff_id in zip(layers(), diff_ids, strict=True)]
+                say(ImportProgress("manifest"))
+                entries = manifest(root_fd, hashes)
             finally:
                 os.close(root_fd)
-            _write_file(os.path.join(tmp, "manifest.jsonl"), _manifest_text(entries))
+            write_file(os.path.join(tmp, "manifest.jsonl"), manifest_text(entries))
             size = sum(e.size for e in entries if e.type == "file")
-            _write_file(os.path.join(tmp, "image.json"), json.dumps(
+            write_file(os.path.join(tmp, "image.json"), json.dumps(
                 {"chain_id": chain_id, "diff_ids": list(diff_ids), "layers": blobs,
                  "config_digest": config_digest, "size": size}, indent=1, sort_keys=True))
-            # Every file of the tree reaches the disk before the name of the tree does.
-            os.sync()
+            # Every file of the tree reaches the disk before the name of the tree does:
+            # syncfs of the store's own filesystem (os.sync would flush every one).
+            syncfs(tmp)
             os.chmod(tmp, 0o755)
             os.rename(tmp, holder)
-            _fsync_dir(os.path.dirname(holder))
+            fsync_dir(os.path.dirname(holder))
         except BaseException:
-            _remove(tmp)
+            remove(tmp)
             raise
 
-    def _apply(self, digest: str, compression: str, diff_id: str, root_fd: int) -> None:
-        with open(self._blob_path(digest), "rb") as blob:
-            if compression == "sniff":
-                compression = oci.sniff(blob.read(4))
-                blob.seek(0)
-            with oci.uncompressed(blob, compression) as stream:
-                hashing = _Hashing(stream)
-                apply_layer(hashing, root_fd, budget=self.budget, ids=self._ids)
-                hashing.drain()  # the diff_id covers the tar's end blocks too
-        self.extractions += 1
-        if hashing.digest() != diff_id:
-            raise DigestMismatch(f"layer {digest} uncompressed does not match the config's "
-                                 f"diff_id", diff_id, hashing.digest())
+    def _dir(self, ref: ImageRef, say: Progress) -> tuple[dict, int]:
+        """dir:PATH: the tree is hashed, not trusted: written as one tar layer, which is
+        then unpacked like any other (karotte/images/sources.py)."""
+        return self._one_layer(functools.partial(sources.dir_layer, str(ref.path)),
+                               sources.DIR_RUN, say)
 
-    def _put_blob(self, f: IO[bytes], expected: str | None, what: str) -> str:
-        """Copy f into blobs/, hashing as it goes; refuse it unless its sha256 is expected
-        (any digest, where expected is None). The blob's digest."""
-        if expected is not None and os.path.exists(self._blob_path(expected)):
-            return expected  # verified when it was copied in
-        tmp = self._path("tmp", f"blob-{os.getpid()}-{secrets.token_hex(8)}")
-        h = hashlib.sha256()
+    def _debian(self, ref: ImageRef, say: Progress) -> tuple[dict, int]:
+        """debian:SUITE+PKG,...: built by mmdebstrap, once per (suite, packages): a second
+        process importing the same source waits for the first's build and uses it."""
+        record = self._path("sources", _source_key(ref))
+        with self._lock(self._path("locks", f"source-{_source_key(ref)}.build"),
+                        fcntl.LOCK_EX):
+            cached = self._read_record(record)
+            if cached is not None:
+                with contextlib.suppress(ImageNotFound):
+                    return cached, self._hold(cached["tree"], str(ref))
+            say(ImportProgress("build"))
+            made = self._one_layer(functools.partial(sources.debian_layer, ref),
+                                   sources.DEBIAN_RUN, say)
+            # Recorded here, under the build lock: a process that waited finds it.
+            self._write_record(record, {**made[0], "source": str(ref), "created": time.time()})
+            return made
+
+    def _one_layer(self, make: Callable[[str], None], run: dict,
+                   say: Progress) -> tuple[dict, int]:
+        """The record of a one-layer image made here: make(path) writes an uncompressed
+        tar, whose diff_id is its blob digest, and a config is written for it."""
+        tmp = self._path("tmp", f"layer-{os.getpid()}-{secrets.token_hex(8)}.tar")
         try:
-            with open(tmp, "xb") as out:
-                while chunk := f.read(_CHUNK):
-                    h.update(chunk)
-                    out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            actual = "sha256:" + h.hexdigest()
-            if expected is not None and actual != expected:
-                raise DigestMismatch(f"{what}: blob {expected}", expected, actual)
-            os.chmod(tmp, 0o444)
-            os.rename(tmp, self._blob_path(actual))
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        return actual
-
-    def _put_bytes(self, data: bytes, expected: str | None, what: str) -> str:
-        actual = "sha256:" + hashlib.sha256(data).hexdigest()
-        if expected is not None and actual != expected:
-            raise DigestMismatch(f"{what}: blob {expected}", expected, actual)
-        if not os.path.exists(self._blob_path(actual)):
-            self._put_blob(io.BytesIO(data), actual, what)
-        return actual
-
-    def _adopt(self, tmp: str) -> str:
-        """Move the file tmp (made in the store's tmp/) into blobs/ under its sha256."""
-        h = hashlib.sha256()
-        with open(tmp, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                h.update(chunk)
-            os.fsync(f.fileno())
-        digest = "sha256:" + h.hexdigest()
-        os.chmod(tmp, 0o444)
-        os.rename(tmp, self._blob_path(digest))
-        return digest
-
-    def _dir(self, ref: ImageRef) -> tuple[dict, int]:
-        """dir:PATH: the tree is hashed, not trusted: written as one tar layer (links not
-        followed, in sorted order), which is then unpacked like any other."""
-        path = str(ref.path)
-        if not os.path.isdir(path):
-            raise ImageError(f"dir:{path} is not a directory; give the root of a tree")
-        tmp = self._path("tmp", f"dir-{os.getpid()}-{secrets.token_hex(8)}.tar")
-        try:
-            with tarfile.open(tmp, mode="x", format=tarfile.PAX_FORMAT) as tar:
-                for entry in sorted(os.listdir(path)):
-                    tar.add(os.path.join(path, entry), arcname=entry)
-            digest = self._adopt(tmp)
+            make(tmp)
+            with open(tmp, "rb") as f:
+                digest = self.layers.put_file(f, "a layer made here")
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        return self._one_layer(digest, {"Env": [f"PATH={DEBIAN_PATH}"]})
-
-    def _debian(self, ref: ImageRef) -> tuple[dict, int]:
-        """debian:SUITE+PKG,...: built by mmdebstrap, once per (suite, packages)."""
-        cached = self._read_record(self._path("sources", _source_key(ref)))
-        if cached is not None:
-            with contextlib.suppress(ImageNotFound):
-                return cached, self._hold(cached["tree"], str(ref))
-        mmdebstrap = shutil.which("mmdebstrap")
-        if mmdebstrap is None:
-            raise ImageError("debian: images are built by mmdebstrap, which is not installed: "
-                             "apt-get install mmdebstrap (scripts/setup installs it)")
-        tmp = self._path("tmp", f"debian-{os.getpid()}-{secrets.token_hex(8)}.tar")
-        argv = [mmdebstrap, "--quiet", "--variant=apt", "--skip=output/dev"]
-        if os.geteuid() == 0:
-            argv.append("--mode=unshare")  # maintainer scripts run as no host root
-        if ref.packages:
-            argv.append("--include=" + ",".join(ref.packages))
-        argv += [str(ref.suite), tmp]
-        try:
-            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
-            if done.returncode != 0:
-                tail = done.stderr.decode(errors="replace").strip().splitlines()[-5:]
-                raise ImageError(f"mmdebstrap failed building {ref} (exit {done.returncode}): "
-                                 + " / ".join(tail) + "; check the suite and package names "
-                                 "and that Debian's archive is reachable")
-            digest = self._adopt(tmp)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-        return self._one_layer(digest, {"Env": [f"PATH={DEBIAN_PATH}"], "WorkingDir": "/"})
-
-    def _one_layer(self, digest: str, run: dict) -> tuple[dict, int]:
-        """The record of a one-layer image made here: an uncompressed tar, whose diff_id is
-        its blob digest, and a config written for it."""
         config = json.dumps({"architecture": oci.host_arch(), "os": "linux", "config": run,
                              "rootfs": {"type": "layers", "diff_ids": [digest]}},
                             sort_keys=True).encode()
-        config_digest = self._put_bytes(config, None, "config")
-        return self._tree(digest, (digest,), config_digest,
-                          lambda: iter([(digest, "tar")]))
+        config_digest = self.layers.put_bytes(config, None, "config")
+
+        def layers() -> Iterator[Callable[[int, str, dict], str]]:
+            yield functools.partial(self.layers.from_blob, digest, "tar",
+                                    functools.partial(_layer_progress, say, 1, 1))
+
+        return self._tree(digest, (digest,), config_digest, layers, say)
 
     # -- records --------------------------------------------------------------------
 
     def _write_record(self, path: str, record: dict) -> None:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         tmp = self._path("tmp", f"ref-{os.getpid()}-{secrets.token_hex(8)}")
-        _write_file(tmp, json.dumps(record, indent=1, sort_keys=True))
+        write_file(tmp, json.dumps(record, indent=1, sort_keys=True))
         os.rename(tmp, path)
-        _fsync_dir(os.path.dirname(path))
+        fsync_dir(os.path.dirname(path))
 
     def _read_record(self, path: str) -> dict | None:
         try:
@@ -438,7 +391,7 @@ class Store:
                              f"and import the image again") from None
 
     def _image(self, record: dict, name: str | None) -> Image:
-        with open(self._blob_path(record["config_digest"]), "rb") as f:
+        with open(self.layers.path(record["config_digest"]), "rb") as f:
             config = _config_json(f.read(oci.MAX_JSON), record["source"])
         run = config.get("config") or {}
         return Image(
@@ -550,7 +503,7 @@ class Store:
             expected = {e["path"]: e for e in map(json.loads, f)}
         fd = os.open(os.path.join(holder, "rootfs"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            found = {e.path: _entry_dict(e) for e in manifest(fd)}
+            found = {e.path: entry_dict(e) for e in manifest(fd)}
         finally:
             os.close(fd)
         problems = [f"{p}: missing" for p in sorted(expected.keys() - found.keys())]
@@ -579,7 +532,7 @@ class Store:
                     continue
                 doomed = self._path("tmp", f"gc-{key}-{secrets.token_hex(4)}")
                 os.rename(self._path("trees", key), doomed)  # gone for every later use
-                freed += _remove(doomed)
+                freed += remove(doomed)
                 removed.append(key)
                 for path in (self._path("locks", key), self._path("locks", key + ".build")):
                     with contextlib.suppress(FileNotFoundError):
@@ -596,7 +549,7 @@ class Store:
                         os.unlink(path)
                         blobs_removed.append(f"sha256:{hex_}")
                 for left in os.listdir(self._path("tmp")):  # no import runs: all leftovers
-                    freed += _remove(self._path("tmp", left))
+                    freed += remove(self._path("tmp", left))
         return GcResult(tuple(removed), tuple(blobs_removed), freed, tuple(in_use), not alone)
 
     def _named(self) -> tuple[set[str], set[str]]:
@@ -620,32 +573,9 @@ class Store:
                     os.unlink(path)
 
 
-class _Hashing:
-    """A read-only stream that hashes what passes through it."""
-
-    def __init__(self, stream: BinaryIO):
-        self._stream = stream
-        self._sha = hashlib.sha256()
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._stream.read(n)
-        self._sha.update(data)
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[:len(data)] = data
-        return len(data)
-
-    def readable(self) -> bool:
-        return True
-
-    def drain(self) -> None:
-        while self.read(_CHUNK):
-            pass
-
-    def digest(self) -> str:
-        return "sha256:" + self._sha.hexdigest()
+def _layer_progress(say: Progress, number: int, count: int, done: int,
+                    total: int | None) -> None:
+    say(ImportProgress("layer", number, count, done, total))
 
 
 def _absolute(ref: ImageRef) -> ImageRef:
@@ -682,64 +612,3 @@ def _diff_ids(config: dict, layers: int, label: str) -> tuple[str, ...]:
     if not diff_ids:
         raise ImageError(f"{label}: the image has no layers (an empty root); add a layer")
     return tuple(diff_ids)
-
-
-def _manifest_text(entries: tuple[TreeEntry, ...]) -> str:
-    return "".join(json.dumps(_entry_dict(e), sort_keys=True) + "\n" for e in entries)
-
-
-# A manifest entry's fields read straight off it: dataclasses.asdict deep-copies every
-# value, which for a tree of 20,000 paths took 0.1 s of each import (scripts/bench_images.py).
-_ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(TreeEntry))
-
-
-def _entry_dict(entry: TreeEntry) -> dict:
-    return {name: getattr(entry, name) for name in _ENTRY_FIELDS}
-
-
-def _write_file(path: str, text: str) -> None:
-    with open(path, "x") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove(path: str) -> int:
-    """Remove a tree that may hold directories without write or search permission (an
-    image's own modes); the bytes of the regular files it held."""
-    freed = 0
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return 0
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(path)
-        return st.st_size
-    for dirpath, dirnames, filenames in os.walk(path, topdown=True):
-        os.chmod(dirpath, 0o700)
-        for d in dirnames:
-            full = os.path.join(dirpath, d)
-            if not os.path.islink(full):
-                with contextlib.suppress(OSError):
-                    os.chmod(full, 0o700)
-        for f in filenames:
-            with contextlib.suppress(OSError):
-                st = os.lstat(os.path.join(dirpath, f))
-                if stat.S_ISREG(st.st_mode):
-                    freed += st.st_size
-    shutil.rmtree(path, onerror=_raise_unless_gone)
-    return freed
-
-
-def _raise_unless_gone(function: Callable, path: str, exc_info: Any) -> None:
-    exc = exc_info[1]
-    if not (isinstance(exc, OSError) and exc.errno == errno.ENOENT):
-        raise exc
