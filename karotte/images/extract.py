@@ -35,11 +35,11 @@ Why a layer cannot write outside the tree or plant anything the tree must not ho
 - Budgets (IMG-BOMB-01) are checked from each header before its data is read: entries,
   depth, path bytes, one file's size, the bytes of regular files in the tree after this
   layer (what it frees counts) and the bytes of data read. An extended header (pax, GNU
-  long name) over EXTENDED_HEADER_LIMIT and sparse files are refused before tarfile reads
-  them into memory.
-- Every tarfile error, and a header with a bad checksum mid-stream (tarfile would take it
-  for the end of the archive and silently drop the rest), becomes a LayerError
-  (IMG-TAR-01); so does an entry the host cannot write (IMG-WRITE-01). Nothing but
+  long name) over EXTENDED_HEADER_LIMIT and sparse files are refused before they are read
+  (karotte/images/tarstream.py reads the tar).
+- Every error of the tar reader, and a header with a bad checksum mid-stream (tarfile
+  would take it for the end of the archive and silently drop the rest), becomes a
+  LayerError (IMG-TAR-01); so does an entry the host cannot write (IMG-WRITE-01). Nothing but
   LayerError comes out of what a tar contains. ids's own exceptions pass through.
 
 Modes and owners: files keep their permission bits (minus setuid, setgid, sticky),
@@ -57,22 +57,20 @@ import hashlib
 import math
 import os
 import stat
-import tarfile
 from dataclasses import dataclass
 from typing import BinaryIO, Callable
 
 from ..results import capped, escape
 # RULES, LayerError, TreeEntry and manifest are re-exported: extract's names since it began.
-from .tree import (CHUNK, DIR_FLAGS, RULES, LayerError, TreeEntry, join, lstat_at, manifest,
+from .tree import (DIR_FLAGS, RULES, LayerError, TreeEntry, join, lstat_at, manifest,
                    sorted_names)
+from .tarstream import (BLOCKDEV, CHARDEV, DIRECTORY, EXTENDED_HEADER_LIMIT, FIFO, HARDLINK,
+                        SYMLINK, Member, TarError, TarReader)
 from .whiteout import AUFS_META, WHITEOUT, Whiteouts
 
 __all__ = ["LayerError", "LayerBudget", "TreeEntry", "RULES", "EXTENDED_HEADER_LIMIT",
            "apply_layer", "manifest"]
 
-# Bytes of one pax or GNU long-name header, which tarfile reads whole into memory. A path
-# is at most max_path_bytes; the rest (xattrs) is dropped anyway.
-EXTENDED_HEADER_LIMIT = 64 << 10
 _ENTRY_TEXT_LIMIT = 1024  # bytes of JSON of the entry a LayerError names
 
 # Never follow a link, never leak into a child.
@@ -90,41 +88,10 @@ class LayerBudget:
     max_path_bytes: int = 4096  # of a name, a symlink target or a hard link's target
 
 
-class _Corrupt(Exception):
-    """A header that does not parse: raised past tarfile.next(), which would otherwise
-    end the archive there without a word."""
-
-
-class _Header(tarfile.TarInfo):
-    """tarfile's header reader with the checks it lacks for a hostile stream."""
-
-    @classmethod
-    def frombuf(cls, buf: bytes, encoding: str, errors: str) -> tarfile.TarInfo:
-        try:
-            return super().frombuf(buf, encoding, errors)
-        except (tarfile.InvalidHeaderError, tarfile.TruncatedHeaderError) as exc:
-            raise _Corrupt(f"{exc} at a header") from None
-
-    def _proc_member(self, tf: tarfile.TarFile) -> tarfile.TarInfo:
-        # Read whole into memory by tarfile: bounded before it reads.
-        if (self.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE,
-                          tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
-                and self.size > EXTENDED_HEADER_LIMIT):
-            raise _Corrupt(f"an extended header of {self.size} bytes (at most "
-                           f"{EXTENDED_HEADER_LIMIT})")
-        if self.type == tarfile.GNUTYPE_SPARSE:  # its maps run on for any number of blocks
-            raise _Corrupt("a GNU sparse file (not supported in layers)")
-        return super()._proc_member(tf)
-
-    def _proc_gnusparse_10(self, nxt: tarfile.TarInfo, pax_headers: dict,
-                           tf: tarfile.TarFile) -> None:
-        raise _Corrupt("a pax sparse file (not supported in layers)")
-
-
-# What tarfile raises on a malformed stream (ValueError, OverflowError: numbers out of
-# range; RecursionError: a chain of extended headers; EOFError: a short gzip-less read).
-_TAR_ERRORS = (tarfile.TarError, _Corrupt, ValueError, OverflowError, RecursionError,
-               EOFError, UnicodeError)
+# What reading a malformed stream raises (ValueError, OverflowError: numbers out of range;
+# EOFError: a gzip stream cut short).
+_TAR_ERRORS = (TarError, ValueError, OverflowError, EOFError)
+_KINDS = {CHARDEV: "a character device", BLOCKDEV: "a block device", FIFO: "a FIFO"}
 
 
 class _Layer(Whiteouts):
@@ -144,7 +111,6 @@ class _Layer(Whiteouts):
         self.added: set[bytes] = set()  # paths this layer made (a merged directory too)
         self.holds: set[bytes] = set()  # directories with something this layer made below
         self.dirs: dict[bytes, tuple[int, int | None]] = {}  # path: (mode, mtime ns) at end
-        self.buf = memoryview(bytearray(CHUNK))
         mode = stat.S_IMODE(os.fstat(self.root).st_mode)
         if self.unprivileged and mode & 0o700 != 0o700:  # as _open_up does below the root
             self.dirs[b""] = (mode, None)
@@ -162,31 +128,27 @@ class _Layer(Whiteouts):
 
     # -- the stream
 
-    def run(self, stream: BinaryIO) -> None:
+    def run(self, stream: BinaryIO, tree_bytes: int | None) -> None:
         try:
-            self.total = self._measure()
+            self.total = self._measure() if tree_bytes is None else tree_bytes
         except OSError as exc:
             raise self.refuse("IMG-WRITE-01", f"measuring the tree: {exc.strerror}") from None
-        try:
-            tf = tarfile.open(fileobj=stream, mode="r|", tarinfo=_Header, encoding="utf-8",
-                              errors="surrogateescape")
-        except _TAR_ERRORS as exc:
-            raise self.refuse("IMG-TAR-01", f"not a tar: {exc}") from None
+        tar = TarReader(stream)
         while True:
             try:
-                member = tf.next()
+                member = tar.next()
             except _TAR_ERRORS as exc:
-                raise self.refuse("IMG-TAR-01", f"the header after this entry: {exc}") from None
+                raise self.refuse("IMG-TAR-01", f"the header after this entry: {exc}"
+                                  if self.entries else f"not a tar: {exc}") from None
             if member is None:
                 break
-            tf.members.clear()  # stream mode keeps every header: a million would stay
-            self.raw = os.fsencode(member.name)
+            self.raw = member.name
             self.entries += 1
             if self.entries > self.budget.max_entries:
                 raise self.refuse("IMG-BOMB-01",
                                   f"more than max_entries={self.budget.max_entries} entries")
             try:
-                self._entry(tf, member)
+                self._entry(tar, member)
             except OSError as exc:
                 raise self.refuse("IMG-WRITE-01", exc.strerror or str(exc)) from None
         try:
@@ -213,17 +175,15 @@ class _Layer(Whiteouts):
                                              f"(max_depth={budget.max_depth})")
         return parts
 
-    def _entry(self, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
+    def _entry(self, tar: TarReader, m: Member) -> None:
         parts = self._parts(self.raw, "IMG-TRAVERSAL-01", "the name")
         if parts and parts[0] in AUFS_META:
             self._count_read(m)  # skipped, but read all the same
             return
         if any(p.startswith(WHITEOUT) for p in parts[:-1]):
             raise self.refuse("IMG-WHITEOUT-01", "a whiteout name used as a directory")
-        if m.sparse is not None:
-            raise self.refuse("IMG-TAR-01", "a sparse file (not supported in layers)")
         if not parts:
-            if not m.isdir():
+            if m.type != DIRECTORY:
                 raise self.refuse("IMG-TRAVERSAL-01", "the root of the tree must be a directory")
             self._own(self.root, m)
             self.dirs[b""] = (stat.S_IMODE(m.mode) & ~0o6000, self._mtime(m))
@@ -232,16 +192,15 @@ class _Layer(Whiteouts):
         if name.startswith(WHITEOUT):
             self._whiteout(m, dirs, name)
         elif m.isreg():
-            self._file(tf, m, dirs, name)
-        elif m.isdir():
+            self._file(tar, m, dirs, name)
+        elif m.type == DIRECTORY:
             self._dir(m, dirs, name)
-        elif m.issym():
+        elif m.type == SYMLINK:
             self._symlink(m, dirs, name)
-        elif m.islnk():
+        elif m.type == HARDLINK:
             self._hardlink(m, dirs, name)
         else:
-            kind = {tarfile.CHRTYPE: "a character device", tarfile.BLKTYPE: "a block device",
-                    tarfile.FIFOTYPE: "a FIFO"}.get(m.type, f"tar type {m.type!r}")
+            kind = _KINDS.get(m.type, f"tar type {m.type.decode('latin-1')!r}")
             raise self.refuse("IMG-DEVICE-01", f"{kind} is not allowed in an image")
 
     # -- walking the tree
@@ -333,7 +292,7 @@ class _Layer(Whiteouts):
 
     # -- budget, owners, times
 
-    def _count_read(self, m: tarfile.TarInfo) -> None:
+    def _count_read(self, m: Member) -> None:
         if m.isreg():
             self.read += m.size
             if self.read > self.budget.max_bytes:
@@ -347,10 +306,10 @@ class _Layer(Whiteouts):
             except OverflowError as exc:
                 raise self.refuse("IMG-TAR-01", f"owner out of range: {exc}") from None
 
-    def _own(self, fd: int, m: tarfile.TarInfo) -> None:
+    def _own(self, fd: int, m: Member) -> None:
         self._own_ids(fd, m.uid, m.gid)
 
-    def _mtime(self, m: tarfile.TarInfo) -> int:
+    def _mtime(self, m: Member) -> int:
         mtime = m.mtime
         if not isinstance(mtime, (int, float)) or not math.isfinite(mtime) \
                 or abs(mtime) > _MAX_MTIME:
@@ -400,7 +359,7 @@ class _Layer(Whiteouts):
             for _, _, _, dfd, _ in stack:
                 os.close(dfd)
 
-    def _file(self, tf: tarfile.TarFile, m: tarfile.TarInfo, dirs: list[bytes],
+    def _file(self, tar: TarReader, m: Member, dirs: list[bytes],
               name: bytes) -> None:
         budget = self.budget
         if m.size > budget.max_file_size:
@@ -408,14 +367,17 @@ class _Layer(Whiteouts):
                               f"(max_file_size={budget.max_file_size})")
         self._count_read(m)
         parent = self._parent(dirs, create=True)
-        self._clear(parent, name, join(dirs, name))
-        if self.total + m.size > budget.max_bytes:
-            raise self.refuse("IMG-BOMB-01", f"the tree's files would exceed "
-                              f"max_bytes={budget.max_bytes}")
-        fd = os.open(name, _NEW_FILE_FLAGS, 0o600, dir_fd=parent)
+        fd = self._new_file(parent, name, m.size) if self.total + m.size <= budget.max_bytes \
+            else None
+        if fd is None:  # something is there (a lower layer's), or the budget needs its bytes
+            self._clear(parent, name, join(dirs, name))
+            if self.total + m.size > budget.max_bytes:
+                raise self.refuse("IMG-BOMB-01", f"the tree's files would exceed "
+                                  f"max_bytes={budget.max_bytes}")
+            fd = os.open(name, _NEW_FILE_FLAGS, 0o600, dir_fd=parent)
         try:
             self.total += m.size
-            digest = self._copy(tf, m, fd)
+            digest = self._copy(tar, m, fd)
             if self.hashes is not None:
                 self.hashes[os.fstat(fd).st_ino] = (m.size, digest)
             self._own(fd, m)
@@ -426,21 +388,25 @@ class _Layer(Whiteouts):
             os.close(fd)
         self._add(join(dirs, name))
 
-    def _copy(self, tf: tarfile.TarFile, m: tarfile.TarInfo, fd: int) -> str:
+    @staticmethod
+    def _new_file(parent: int, name: bytes, size: int) -> int | None:
+        """A new file name in parent, or None where a name is there (never followed:
+        O_EXCL|O_NOFOLLOW fails on a symlink too)."""
+        try:
+            return os.open(name, _NEW_FILE_FLAGS, 0o600, dir_fd=parent)
+        except FileExistsError:
+            return None
+
+    def _copy(self, tar: TarReader, m: Member, fd: int) -> str:
         """The member's data into fd, exactly m.size bytes, or a refusal; its sha256."""
         done = 0
         h = hashlib.sha256()
         try:
-            src = tf.extractfile(m)
-            while done < m.size:
-                n = src.readinto(self.buf[:min(CHUNK, m.size - done)])
-                if not n:
-                    break
-                chunk = self.buf[:n]
+            for chunk in tar.data(m.size):
                 h.update(chunk)
+                done += len(chunk)
                 while chunk:
                     chunk = chunk[os.write(fd, chunk):]
-                done += n
         except _TAR_ERRORS as exc:
             raise self.refuse("IMG-TAR-01", f"its data: {exc}") from None
         if done != m.size:
@@ -448,7 +414,7 @@ class _Layer(Whiteouts):
                               f"{m.size}")
         return h.hexdigest()
 
-    def _dir(self, m: tarfile.TarInfo, dirs: list[bytes], name: bytes) -> None:
+    def _dir(self, m: Member, dirs: list[bytes], name: bytes) -> None:
         parent = self._parent(dirs, create=True)
         path = join(dirs, name)
         st = lstat_at(name, parent)
@@ -465,8 +431,8 @@ class _Layer(Whiteouts):
         self.dirs[path] = (stat.S_IMODE(m.mode) & ~0o6000, self._mtime(m))
         self._add(path)
 
-    def _symlink(self, m: tarfile.TarInfo, dirs: list[bytes], name: bytes) -> None:
-        target = os.fsencode(m.linkname)
+    def _symlink(self, m: Member, dirs: list[bytes], name: bytes) -> None:
+        target = m.linkname
         if not target or b"\0" in target:
             raise self.refuse("IMG-TRAVERSAL-01", "a symlink with an empty target or a NUL")
         if len(target) > self.budget.max_path_bytes:
@@ -485,8 +451,8 @@ class _Layer(Whiteouts):
         os.utime(name, ns=(mtime, mtime), dir_fd=parent, follow_symlinks=False)
         self._add(join(dirs, name))
 
-    def _hardlink(self, m: tarfile.TarInfo, dirs: list[bytes], name: bytes) -> None:
-        raw = os.fsencode(m.linkname)
+    def _hardlink(self, m: Member, dirs: list[bytes], name: bytes) -> None:
+        raw = m.linkname
         what = f"the hard link's target {escape(raw)}"
         tparts = self._parts(raw, "IMG-HARDLINK-01", what)
         if not tparts:
@@ -563,9 +529,10 @@ class _Layer(Whiteouts):
 
 def apply_layer(stream: BinaryIO, root_fd: int, *, budget: LayerBudget = LayerBudget(),
                 ids: Callable[[int, int], tuple[int, int]] | None = None,
-                hashes: dict[int, tuple[int, str]] | None = None) -> None:
-    """Apply one uncompressed layer tar read from stream (once, in order, as tarfile 'r|'
-    reads it) onto the tree whose root directory fd is root_fd; root_fd is not closed.
+                hashes: dict[int, tuple[int, str]] | None = None,
+                tree_bytes: int | None = None) -> int:
+    """Apply one uncompressed layer tar read from stream (once, in order) onto the tree
+    whose root directory fd is root_fd; root_fd is not closed.
 
     ids maps an entry's (uid, gid) to the host owner to chown it to (None: everything
     stays the caller's own). Raises LayerError, naming the entry and the rule, for
@@ -575,9 +542,13 @@ def apply_layer(stream: BinaryIO, root_fd: int, *, budget: LayerBudget = LayerBu
 
     hashes, if given, gets (size, sha256 hex) of each file written, by inode: what
     manifest(root_fd, hashes) takes instead of reading the files again.
+
+    Returns the bytes of the regular files in the tree after the layer (each inode once),
+    which the next layer's call may take as tree_bytes instead of measuring the tree.
     """
     layer = _Layer(root_fd, budget, ids, hashes)
     try:
-        layer.run(stream)
+        layer.run(stream, tree_bytes)
     finally:
         layer.close()
+    return layer.total

@@ -17,6 +17,7 @@ import hashlib
 import io
 import os
 import secrets
+from dataclasses import dataclass, field
 from typing import IO, Any, BinaryIO, Callable
 
 from . import oci
@@ -26,6 +27,16 @@ from .oci import DigestMismatch
 from .tree import CHUNK
 
 LayerProgress = Callable[[int, "int | None"], None]  # (bytes read of the blob, its size)
+
+
+@dataclass
+class Building:
+    """What the layers applied so far made of a tree being built (from empty): each file's
+    sha256 by inode, for its manifest, and the bytes of its files, for the next layer's
+    budget."""
+
+    hashes: dict[int, tuple[int, str]] = field(default_factory=dict)
+    bytes: int = 0
 
 
 class Layers:
@@ -42,13 +53,13 @@ class Layers:
         return os.path.join(self.blobs, oci.digest_hex(digest, "blob"))
 
     def from_source(self, source: oci.Source, layer: oci.Layer, say: LayerProgress,
-                    root_fd: int, diff_id: str, hashes: dict) -> str:
+                    root_fd: int, diff_id: str, tree: Building) -> str:
         """One layer of source onto the tree at root_fd, its blob copied into blobs/ from
         the same reads; the blob's digest. A blob already in the store is read there."""
         what = f"{source.label}: layer {layer.where}"
         compression = layer.compression or "sniff"
         if layer.digest is not None and os.path.exists(self.path(layer.digest)):
-            return self.from_blob(layer.digest, compression, say, root_fd, diff_id, hashes)
+            return self.from_blob(layer.digest, compression, say, root_fd, diff_id, tree)
         tmp = self._tmp()
         copy = BlobCopy(tmp)
         try:
@@ -59,9 +70,9 @@ class Layers:
                 if compression == "zstd":  # zstd reads a real file: the copy, once whole
                     tee.drain()
                     digest = self._adopt(copy, tmp, layer.digest, what)
-                    return self.from_blob(digest, compression, say, root_fd, diff_id, hashes)
+                    return self.from_blob(digest, compression, say, root_fd, diff_id, tree)
                 try:
-                    stream_digest = self._extract(tee, compression, root_fd, hashes)
+                    stream_digest = self._extract(tee, compression, root_fd, tree)
                     tee.drain()  # past the end of a gzip stream too: the blob is hashed whole
                 except BaseException:
                     # A forged blob is named as one, not by what it made extraction refuse.
@@ -82,27 +93,27 @@ class Layers:
         return digest
 
     def from_blob(self, digest: str, compression: str, say: LayerProgress, root_fd: int,
-                  diff_id: str, hashes: dict) -> str:
+                  diff_id: str, tree: Building) -> str:
         """The layer whose blob is in the store (verified when it came) onto the tree."""
         with open(self.path(digest), "rb") as blob:
             if compression == "sniff":
                 compression = oci.sniff(blob.read(4))
                 blob.seek(0)
             if compression == "zstd":
-                found = self._extract(blob, compression, root_fd, hashes)
+                found = self._extract(blob, compression, root_fd, tree)
             else:
                 found = self._extract(Tee(blob, None, say, os.fstat(blob.fileno()).st_size),
-                                      compression, root_fd, hashes)
+                                      compression, root_fd, tree)
         _check_diff_id(digest, found or digest, diff_id)
         return digest
 
-    def _extract(self, raw: Tee | BinaryIO, compression: str, root_fd: int, hashes: dict) -> str | None:
+    def _extract(self, raw: Tee | BinaryIO, compression: str, root_fd: int, tree: Building) -> str | None:
         """Extract the layer whose blob raw reads, to its end; the digest of its
         uncompressed stream, or None where that is the blob's own ("tar")."""
         with oci.uncompressed(raw, compression) as stream:
             hashing = None if compression == "tar" else _Hashing(stream)
-            apply_layer(hashing or stream, root_fd, budget=self.budget, ids=self.ids,
-                        hashes=hashes)
+            tree.bytes = apply_layer(hashing or stream, root_fd, budget=self.budget,
+                                     ids=self.ids, hashes=tree.hashes, tree_bytes=tree.bytes)
             (hashing or raw).drain()  # the diff_id covers the tar's end blocks too
         self.extractions += 1
         return None if hashing is None else hashing.digest()

@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 from . import oci, sources
 from .blobs import fsync_dir, remove, syncfs, write_file
 from .extract import LayerBudget
-from .layers import Layers
+from .layers import Building, Layers
 from .oci import ImageError
 from .tree import entry_dict, manifest, manifest_text
 from ..imageref import ImageRef, parse, parse_name
@@ -259,7 +259,7 @@ class Store:
         chain_id = chain_ids(diff_ids)[-1]
         count = len(image.layers)
 
-        def layers() -> Iterator[Callable[[int, str, dict], str]]:
+        def layers() -> Iterator[Callable[[int, str, Building], str]]:
             for number, layer in enumerate(image.layers, 1):
                 yield functools.partial(self.layers.from_source, source, layer,
                                         functools.partial(_layer_progress, say, number, count))
@@ -267,7 +267,7 @@ class Store:
         return self._tree(chain_id, diff_ids, config_digest, layers, say)
 
     def _tree(self, chain_id: str, diff_ids: tuple[str, ...], config_digest: str,
-              layers: Callable[[], Iterator[Callable[[int, str, dict], str]]],
+              layers: Callable[[], Iterator[Callable[[int, str, Building], str]]],
               say: Progress) -> tuple[dict, int]:
         """The record of the tree for chain_id: found, or built from layers() under the
         tree's build lock (each item applies one layer onto a root fd, checked against its
@@ -292,7 +292,7 @@ class Store:
                 "size": built["size"]}, held
 
     def _build(self, holder: str, chain_id: str, diff_ids: tuple[str, ...],
-               config_digest: str, layers: Callable[[], Iterator[Callable[[int, str, dict], str]]],
+               config_digest: str, layers: Callable[[], Iterator[Callable[[int, str, Building], str]]],
                say: Progress) -> None:
         tmp = self._path("tmp", f"tree-{os.getpid()}-{secrets.token_hex(8)}")
         os.mkdir(tmp, 0o700)
@@ -303,11 +303,11 @@ class Store:
             try:
                 if self._ids is not None:
                     os.fchown(root_fd, *self._ids(0, 0))  # the image's root owns its /
-                hashes: dict[int, tuple[int, str]] = {}  # what extraction hashed, by inode
-                blobs = [apply(root_fd, diff_id, hashes)
+                tree = Building()
+                blobs = [apply(root_fd, diff_id, tree)
                          for apply, diff_id in zip(layers(), diff_ids, strict=True)]
                 say(ImportProgress("manifest"))
-                entries = manifest(root_fd, hashes)
+                entries = manifest(root_fd, tree.hashes)
             finally:
                 os.close(root_fd)
             write_file(os.path.join(tmp, "manifest.jsonl"), manifest_text(entries))
@@ -365,7 +365,7 @@ class Store:
                             sort_keys=True).encode()
         config_digest = self.layers.put_bytes(config, None, "config")
 
-        def layers() -> Iterator[Callable[[int, str, dict], str]]:
+        def layers() -> Iterator[Callable[[int, str, Building], str]]:
             yield functools.partial(self.layers.from_blob, digest, "tar",
                                     functools.partial(_layer_progress, say, 1, 1))
 
