@@ -80,3 +80,69 @@ def test_errors_name_the_cause_with_their_exit_status(store, args, status, says)
     r = karotte_image(*args)
     assert r.returncode == status, (r.stdout, r.stderr)
     assert says in r.stderr and "Traceback" not in r.stderr
+
+
+def under_pty(*args: str) -> tuple[int, str, str]:
+    """karotte image ARGS with stderr on a real pseudo-terminal (stdout a pipe): the exit
+    status, stdout, and what the terminal showed."""
+    master, slave = os.openpty()
+    child = subprocess.Popen([sys.executable, "-m", "karotte.cli.main", "image", *args],
+                             cwd=TESTS, stdout=subprocess.PIPE, stderr=slave, text=True,
+                             env=os.environ.copy())
+    os.close(slave)
+    shown = b""
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal's last fd
+            break
+        if not data:
+            break
+        shown += data
+    os.close(master)
+    out = child.stdout.read()
+    child.stdout.close()
+    return child.wait(timeout=120), out, shown.decode(errors="replace")
+
+
+def test_import_on_a_terminal_draws_a_progress_bar_and_leaves_json_alone(images, store):
+    status, out, shown = under_pty("import", f"oci:{images['layout']}:t", "--json")
+    assert status == 0, shown
+    assert json.loads(out)["chain_id"].startswith("sha256:")  # stdout is the record only
+    assert "layer 1/2 [" in shown and "layer 2/2 [" in shown and " MiB" in shown, shown
+    assert "manifest" in shown and "\r" in shown
+    assert shown.endswith("\r\x1b[K"), shown  # the bar's line is cleared at the end
+
+
+def test_no_progress_bar_on_a_pipe_unless_asked(images, store):
+    r = karotte_image("import", f"oci:{images['layout']}:t")
+    assert r.returncode == 0 and "layer 1/2" not in r.stderr and "importing" in r.stderr
+    assert karotte_image("gc").returncode == 0  # the unnamed import goes: the next is fresh
+    r = karotte_image("import", f"docker-archive:{images['x']}", "--progress", "--json")
+    assert r.returncode == 0 and "layer 1/2 [" in r.stderr, r.stderr
+    json.loads(r.stdout)
+    assert karotte_image("gc").returncode == 0
+    status, _, shown = under_pty("import", f"oci:{images['zstd']}:t", "--no-progress")
+    assert status == 0 and "layer 1/2" not in shown and "importing" in shown
+
+
+def test_run_and_check_say_when_an_image_is_imported_the_first_time(images, store):
+    from io import StringIO
+
+    from karotte.cli.image import announce_first_imports
+    from karotte.images import Store
+
+    class Env:
+        image = f"oci:{images['layout']}:t"
+        grader_image = None
+
+    said = StringIO()
+    announce_first_imports(Env(), "check", said)
+    assert said.getvalue().startswith(f"karotte check: importing {Env.image} into the image "
+                                      "store for the first time"), said.getvalue()
+    Store(str(store)).import_image(Env.image)
+    said = StringIO()
+    announce_first_imports(Env(), "run", said)
+    Env.image = "host"
+    announce_first_imports(Env(), "run", said)
+    assert said.getvalue() == ""  # imported already, or no image to import

@@ -2,6 +2,7 @@
 keep gc away, gc, ownership, and debian: images built by mmdebstrap."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -13,6 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 import karotte.images as images_api
@@ -337,6 +339,53 @@ def test_debian_bookworm_with_python3_is_built_once_by_mmdebstrap(debian_store):
     again = store.import_image("debian:bookworm+python3")  # cached by (suite, packages)
     assert again.tree == image.tree and store.extractions == 1
     assert time.perf_counter() - start < took / 5
+
+
+BUILD_AT_ONCE = """
+import json, os, sys
+from karotte.images import Store
+os.read(int(sys.argv[3]), 1)  # the parent's go: both processes start together
+store = Store(sys.argv[1])
+image = store.import_image(sys.argv[2])
+print(json.dumps({"tree": image.tree, "extractions": store.extractions}))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_importing_one_debian_source_at_once_build_it_once(tmp_path):
+    # A build is not reproducible: two mmdebstrap runs give two different layers, two
+    # trees. The source's build lock makes the second process wait and use the first's.
+    why = _debian_reachable()
+    if why:
+        pytest.skip(why)
+    go_read, go_write = os.pipe()
+    children = [subprocess.Popen(
+        [sys.executable, "-c", BUILD_AT_ONCE, str(tmp_path / "s"), "debian:bookworm",
+         str(go_read)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        pass_fds=(go_read,)) for _ in range(2)]
+    time.sleep(0.5)
+    os.write(go_write, b"gg")
+    builders = set()  # the children under which an mmdebstrap ran
+    deadline = time.monotonic() + 600
+    while any(c.poll() is None for c in children) and time.monotonic() < deadline:
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                if any("mmdebstrap" in " ".join(p.cmdline()[:2])
+                       for p in psutil.Process(child.pid).children(recursive=True)):
+                    builders.add(child.pid)
+        time.sleep(0.05)
+    results = []
+    for child in children:
+        out, err = child.communicate(timeout=60)
+        assert child.returncode == 0, err
+        results.append(json.loads(out))
+    os.close(go_read)
+    os.close(go_write)
+    assert len(builders) == 1, "both processes ran mmdebstrap"
+    assert results[0]["tree"] == results[1]["tree"]
+    assert sorted(r["extractions"] for r in results) == [0, 1]  # one built, one waited
+    assert len(os.listdir(tmp_path / "s/trees")) == 1
+    assert os.listdir(tmp_path / "s/tmp") == []
 
 
 IMPORT_AS_CALLER = """

@@ -1,6 +1,8 @@
 """`karotte image`: import, build, list, inspect, verify, remove and gc images of the store.
 
 Each subcommand is one call of karotte.images' Store; `--json` prints its frozen record.
+`import` and `build` draw a progress bar on stderr when it is a terminal (or with
+`--progress`; never with `--no-progress`); stdout, and so `--json`, is left alone.
 Exit status: 0, 1 when the store refuses (a bad digest, an unknown name, a tree that does
 not match its manifest), 2 for bad usage (a reference outside the grammar).
 """
@@ -10,10 +12,12 @@ import argparse
 import dataclasses
 import json
 import sys
+import threading
 import time
+from typing import Any, TextIO
 
 from ..errors import KarotteError
-from ..images import GRAMMAR, Image, ImageRefError, default_store, parse
+from ..images import GRAMMAR, Image, ImageRefError, ImportProgress, default_store, parse
 
 EXIT_REFUSED, EXIT_USAGE = 1, 2
 
@@ -32,11 +36,13 @@ def add_parser(sub) -> None:
                                "debian:SUITE[+PKG,...]")
     p.add_argument("--name", help="a name to refer to it by later (e.g. tb/chess)")
     p.add_argument("--json", action="store_true")
+    _progress_options(p)
     p.set_defaults(verb_func=_import)
     p = verbs.add_parser("build", help="build a debian:SUITE[+PKG,...] image with mmdebstrap")
     p.add_argument("ref", help="debian:SUITE[+PKG,...], e.g. debian:bookworm+python3-pytest")
     p.add_argument("--name")
     p.add_argument("--json", action="store_true")
+    _progress_options(p)
     p.set_defaults(verb_func=_build)
     p = verbs.add_parser("ls", help="the named images")
     p.add_argument("--json", action="store_true")
@@ -75,11 +81,25 @@ def _line(image: Image) -> str:
             f"{image.source}")
 
 
+def _progress_options(p: argparse.ArgumentParser) -> None:
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--progress", action="store_true", default=None,
+                       help="draw the progress bar on stderr even when it is no terminal")
+    shown.add_argument("--no-progress", action="store_false", dest="progress",
+                       help="no progress bar")
+
+
 def _import(args: argparse.Namespace) -> int:
     start = time.monotonic()
-    if not args.json:
+    shown = sys.stderr.isatty() if args.progress is None else args.progress
+    bar = ProgressBar(sys.stderr, args.ref) if shown else None
+    if bar is None and not args.json:
         print(f"importing {args.ref} ...", file=sys.stderr)
-    image = default_store().import_image(args.ref, args.name)
+    try:
+        image = default_store().import_image(args.ref, args.name, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
     if args.json:
         print(json.dumps(_record(image)))
     else:
@@ -148,3 +168,81 @@ def _gc(args: argparse.Namespace) -> int:
           f"{result.bytes_freed / 2**20:.1f} MiB; {len(result.trees_in_use)} in use kept"
           + ("; blobs kept: an import is under way" if result.blobs_skipped else ""))
     return 0
+
+
+class ProgressBar:
+    """The store's progress callback drawn as one line on stream: the step, a bar of the
+    layer's bytes, and the seconds so far; redrawn at each new step or layer, at most
+    every REDRAW seconds within one, and every TICK seconds by a thread of its own while
+    a step gives no counts (mmdebstrap's build). close() clears the line."""
+
+    REDRAW, TICK, WIDTH = 0.1, 0.5, 24
+
+    def __init__(self, stream: TextIO, what: str):
+        self._stream, self._what = stream, what
+        self._start = time.monotonic()
+        self._lock = threading.Lock()
+        self._last: ImportProgress | None = None
+        self._drawn = 0.0
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, name="karotte-progress", daemon=True)
+        self._ticker.start()
+
+    def __call__(self, progress: ImportProgress) -> None:
+        with self._lock:
+            last, self._last = self._last, progress
+            new = last is None or (last.step, last.layer) != (progress.step, progress.layer)
+            if new or time.monotonic() - self._drawn >= self.REDRAW:
+                self._draw()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.TICK):
+            with self._lock:
+                if self._last is not None and self._last.step == "build":
+                    self._draw()
+
+    def _draw(self) -> None:
+        p = self._last
+        assert p is not None
+        seconds = time.monotonic() - self._start
+        if p.step == "build":
+            text = "building it with mmdebstrap"
+        elif p.step == "manifest":
+            text = "writing the tree's manifest"
+        else:
+            text = f"layer {p.layer}/{p.layers} {self._bar(p.done, p.total)}"
+        self._stream.write(f"\r\x1b[K{self._what}: {text}  {seconds:.1f} s")
+        self._stream.flush()
+        self._drawn = time.monotonic()
+
+    def _bar(self, done: int, total: int | None) -> str:
+        mib = f"{done / 2**20:.1f}"
+        if not total:
+            return f"{mib} MiB"
+        filled = min(self.WIDTH, self.WIDTH * done // total)
+        return (f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {mib}/"
+                f"{total / 2**20:.1f} MiB")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._ticker.join()
+        with self._lock:
+            if self._last is not None:
+                self._stream.write("\r\x1b[K")
+                self._stream.flush()
+
+
+def announce_first_imports(env: Any, command: str, stream: TextIO = sys.stderr) -> None:
+    """A line on stream for each image of env (image, grader_image) that the store has not
+    imported yet: the first episode's import of it (a debian: build takes about a minute)
+    is silent otherwise. Says nothing where it cannot tell (the episode reports errors)."""
+    try:
+        store = default_store()
+        for ref in dict.fromkeys(r for r in (env.image, env.grader_image) if r):
+            if parse(ref).kind in ("host", "dir", "name") or store.holds(ref):
+                continue
+            print(f"karotte {command}: importing {ref} into the image store for the first "
+                  "time (a debian: build takes about a minute; later runs reuse it)",
+                  file=stream, flush=True)
+    except (KarotteError, ValueError, OSError, AttributeError):
+        return

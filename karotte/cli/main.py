@@ -36,10 +36,12 @@ def _load_env(target: str, command: str):
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        return load(target)()
+        env = load(target)()
     except (ImportError, ValueError, TypeError, AttributeError) as exc:
         print(f"karotte {command}: cannot load {target!r}: {exc}", file=sys.stderr)
         return None
+    image_cli.announce_first_imports(env, command)  # the first episode's import is silent
+    return env
 
 
 # --------------------------------------------------------------------------- agents

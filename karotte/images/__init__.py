@@ -15,11 +15,11 @@ from typing import Iterator
 
 from .oci import DigestMismatch, ImageError
 from ..imageref import GRAMMAR, ImageRef, ImageRefError, parse, parse_name
-from .store import (GcResult, Image, ImageConfig, ImageNotFound, Store, Verification,
-                    default_root)
+from .store import (GcResult, Image, ImageConfig, ImageNotFound, ImportProgress, Store,
+                    Verification, default_root)
 
 __all__ = ["GRAMMAR", "DigestMismatch", "GcResult", "Image", "ImageConfig", "ImageError",
-           "ImageNotFound", "ImageRef", "ImageRefError", "Store", "Verification",
+           "ImageNotFound", "ImageRef", "ImportProgress", "ImageRefError", "Store", "Verification",
            "default_root", "default_store", "import_image", "lease", "open_image", "parse",
            "parse_name"]
 

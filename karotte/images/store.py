@@ -436,6 +436,15 @@ class Store:
             return self._image(record, name)
         return self.import_image(ref)
 
+    def holds(self, ref_or_name: ImageRef | str) -> bool:
+        """Whether the tree of a name, or of a source imported before, is in the store:
+        open_image of it is then a cache hit. Imports nothing."""
+        try:
+            record, _ = self._record(ref_or_name)
+        except ImageNotFound:
+            return False
+        return os.path.isdir(self._path("trees", record["tree"]))
+
     @contextlib.contextmanager
     def use(self, image: Image) -> Iterator[Image]:
         """Hold image's tree for as long as the block runs: gc leaves it alone (a shared
