@@ -422,3 +422,39 @@ def uncompressed(blob: IO[bytes], compression: str) -> Iterator[BinaryIO]:
                              f"export the image again")
     else:
         raise ValueError(f"compression {compression!r}")
+
+
+def chain_ids(diff_ids: tuple[str, ...]) -> tuple[str, ...]:
+    """The OCI chain id after each layer: sha256(parent chain id + " " + diff_id)."""
+    out: list[str] = []
+    for diff_id in diff_ids:
+        out.append(diff_id if not out else
+                   "sha256:" + hashlib.sha256(f"{out[-1]} {diff_id}".encode()).hexdigest())
+    return tuple(out)
+
+
+def config_json(data: bytes, label: str) -> dict:
+    """An image config's JSON object (ImageError where it is none)."""
+    try:
+        config = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ImageError(f"{label}: the image config is not JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ImageError(f"{label}: the image config is not a JSON object")
+    return config
+
+
+def diff_ids(config: dict, layers: int, label: str) -> tuple[str, ...]:
+    """The config's rootfs.diff_ids, one per layer of the manifest, each a sha256 digest."""
+    rootfs = config.get("rootfs")
+    diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
+    if not isinstance(diff_ids, list):
+        raise ImageError(f"{label}: the image config has no rootfs.diff_ids")
+    for diff_id in diff_ids:
+        digest_hex(diff_id, f"{label}: a diff_id")
+    if len(diff_ids) != layers:
+        raise ImageError(f"{label}: the manifest lists {layers} layers but the config "
+                         f"{len(diff_ids)} diff_ids; the image is malformed")
+    if not diff_ids:
+        raise ImageError(f"{label}: the image has no layers (an empty root); add a layer")
+    return tuple(diff_ids)

@@ -32,7 +32,7 @@ from . import oci, sources
 from .blobs import fsync_dir, remove, syncfs, write_file
 from .extract import LayerBudget
 from .layers import Building, Layers
-from .oci import ImageError
+from .oci import ImageError, chain_ids
 from .tree import entry_dict, manifest, manifest_text
 from ..imageref import ImageRef, parse, parse_name
 
@@ -124,15 +124,6 @@ def default_root() -> str:
         return ROOT_IMAGE_DIR
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(cache, "karotte", "images")
-
-
-def chain_ids(diff_ids: tuple[str, ...]) -> tuple[str, ...]:
-    """The OCI chain id after each layer: sha256(parent chain id + " " + diff_id)."""
-    out: list[str] = []
-    for diff_id in diff_ids:
-        out.append(diff_id if not out else
-                   "sha256:" + hashlib.sha256(f"{out[-1]} {diff_id}".encode()).hexdigest())
-    return tuple(out)
 
 
 class Store:
@@ -254,8 +245,8 @@ class Store:
                      say: Progress) -> tuple[dict, int]:
         config_digest = self.layers.put_bytes(image.config, image.config_digest,
                                         f"{source.label}: the config")
-        config = _config_json(image.config, source.label)
-        diff_ids = _diff_ids(config, len(image.layers), source.label)
+        config = oci.config_json(image.config, source.label)
+        diff_ids = oci.diff_ids(config, len(image.layers), source.label)
         chain_id = chain_ids(diff_ids)[-1]
         count = len(image.layers)
 
@@ -392,7 +383,7 @@ class Store:
 
     def _image(self, record: dict, name: str | None) -> Image:
         with open(self.layers.path(record["config_digest"]), "rb") as f:
-            config = _config_json(f.read(oci.MAX_JSON), record["source"])
+            config = oci.config_json(f.read(oci.MAX_JSON), record["source"])
         run = config.get("config") or {}
         return Image(
             name=name, source=record["source"], chain_id=record["chain_id"],
@@ -596,28 +587,3 @@ def _absolute(ref: ImageRef) -> ImageRef:
 
 def _source_key(ref: ImageRef) -> str:
     return hashlib.sha256(str(ref).encode()).hexdigest()
-
-
-def _config_json(data: bytes, label: str) -> dict:
-    try:
-        config = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ImageError(f"{label}: the image config is not JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise ImageError(f"{label}: the image config is not a JSON object")
-    return config
-
-
-def _diff_ids(config: dict, layers: int, label: str) -> tuple[str, ...]:
-    rootfs = config.get("rootfs")
-    diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
-    if not isinstance(diff_ids, list):
-        raise ImageError(f"{label}: the image config has no rootfs.diff_ids")
-    for diff_id in diff_ids:
-        oci.digest_hex(diff_id, f"{label}: a diff_id")
-    if len(diff_ids) != layers:
-        raise ImageError(f"{label}: the manifest lists {layers} layers but the config "
-                         f"{len(diff_ids)} diff_ids; the image is malformed")
-    if not diff_ids:
-        raise ImageError(f"{label}: the image has no layers (an empty root); add a layer")
-    return tuple(diff_ids)
