@@ -62,7 +62,7 @@ from typing import BinaryIO, Callable
 
 from ..results import capped, escape
 # RULES, LayerError, TreeEntry and manifest are re-exported: extract's names since it began.
-from .tree import (DIR_FLAGS, RULES, LayerError, TreeEntry, join, lstat_at, manifest,
+from .tree import (DIR_FLAGS, RULES, FileHashes, LayerError, TreeEntry, join, lstat_at, manifest,
                    sorted_names)
 from .tarstream import (BLOCKDEV, CHARDEV, DIRECTORY, EXTENDED_HEADER_LIMIT, FIFO, HARDLINK,
                         SYMLINK, Member, TarError, TarReader)
@@ -100,7 +100,8 @@ class _Layer(Whiteouts):
     def __init__(self, root_fd: int, budget: LayerBudget,
                  ids: Callable[[int, int], tuple[int, int]] | None,
                  hashes: dict[int, tuple[int, str]] | None):
-        self.budget, self.ids, self.hashes = budget, ids, hashes
+        self.budget, self.ids = budget, ids
+        self.hashes = None if hashes is None else FileHashes(hashes)
         self.unprivileged = os.geteuid() != 0
         self.root = os.open(".", DIR_FLAGS, dir_fd=root_fd)  # our own fd and offset
         self.chain: list[tuple[bytes, int]] = []  # open fds of the current entry's parents
@@ -117,6 +118,8 @@ class _Layer(Whiteouts):
             os.fchmod(self.root, mode | 0o700)
 
     def close(self) -> None:
+        if self.hashes is not None:
+            self.hashes.close()
         for _, fd in self.chain:
             os.close(fd)
         self.chain.clear()
@@ -377,9 +380,7 @@ class _Layer(Whiteouts):
             fd = os.open(name, _NEW_FILE_FLAGS, 0o600, dir_fd=parent)
         try:
             self.total += m.size
-            digest = self._copy(tar, m, fd)
-            if self.hashes is not None:
-                self.hashes[os.fstat(fd).st_ino] = (m.size, digest)
+            self._copy(tar, m, fd)
             self._own(fd, m)
             # IMG-SETUID-01: the permission bits only; chmod after chown, which clears them.
             os.fchmod(fd, stat.S_IMODE(m.mode) & 0o777)
@@ -397,13 +398,15 @@ class _Layer(Whiteouts):
         except FileExistsError:
             return None
 
-    def _copy(self, tar: TarReader, m: Member, fd: int) -> str:
-        """The member's data into fd, exactly m.size bytes, or a refusal; its sha256."""
+    def _copy(self, tar: TarReader, m: Member, fd: int) -> None:
+        """The member's data into fd, exactly m.size bytes, or a refusal; hashed into
+        hashes, if kept."""
         done = 0
-        h = hashlib.sha256()
+        h, hashes = hashlib.sha256(), self.hashes
         try:
             for chunk in tar.data(m.size):
-                h.update(chunk)
+                if hashes is not None:
+                    hashes.update(h, m.size, chunk)
                 done += len(chunk)
                 while chunk:
                     chunk = chunk[os.write(fd, chunk):]
@@ -412,7 +415,8 @@ class _Layer(Whiteouts):
         if done != m.size:
             raise self.refuse("IMG-TAR-01", f"{done} bytes of data where the header says "
                               f"{m.size}")
-        return h.hexdigest()
+        if hashes is not None:
+            hashes.done(h, m.size, os.fstat(fd).st_ino)
 
     def _dir(self, m: Member, dirs: list[bytes], name: bytes) -> None:
         parent = self._parent(dirs, create=True)

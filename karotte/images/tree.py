@@ -13,9 +13,11 @@ import dataclasses
 import hashlib
 import json
 import os
+import queue
 import stat
+import threading
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from ..errors import KarotteError
 from ..results import escape
@@ -72,6 +74,52 @@ class TreeEntry:
     size: int
     sha256: str | None  # files only
     target: str | None  # symlinks only, kept as is, never followed
+
+
+class FileHashes:
+    """The sha256 of each file extraction writes, into hashes (inode -> (size, hex)): a
+    file of LARGE bytes or more is hashed by a thread of its own beside the writes (sha256
+    releases the GIL, and the data is immutable bytes, so the views need no copy); a
+    smaller one at once, where a thread's hand-over would cost more than the hash."""
+
+    LARGE = 256 << 10
+
+    def __init__(self, hashes: dict[int, tuple[int, str]]):
+        self.hashes = hashes
+        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def update(self, h: Any, size: int, view: memoryview) -> None:
+        if size < self.LARGE:
+            h.update(view)
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="karotte-file-hash",
+                                            daemon=True)
+            self._thread.start()
+        self._queue.put((h, view))
+
+    def done(self, h: Any, size: int, ino: int) -> None:
+        # Once the thread runs, every result goes through it, in order: an inode freed
+        # and used again takes the later file's hash.
+        if self._thread is None:
+            self.hashes[ino] = (size, h.hexdigest())
+        else:
+            self._queue.put((h, None, size, ino))
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if item[1] is not None:
+                item[0].update(item[1])
+            else:
+                self.hashes[item[3]] = (item[2], item[0].hexdigest())
+
+    def close(self) -> None:
+        """Every hash queued, done."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
 
 
 def lstat_at(name: bytes, dir_fd: int) -> os.stat_result | None:
