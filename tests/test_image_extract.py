@@ -22,6 +22,7 @@ import pytest
 
 from karotte.images.extract import (EXTENDED_HEADER_LIMIT, RULES, LayerBudget, LayerError,
                                     TreeEntry, apply_layer, manifest)
+from karotte.images.tarstream import TarReader
 from karotte.scan import escape
 
 SECRET = b"the host's own file\n"
@@ -554,3 +555,67 @@ def test_an_image_made_by_umoci_extracts_as_umoci_unpacks_it(tmp_path):
     assert got == want
     paths = [e.path for e in got]
     assert "etc/gone" not in paths and "opt/deep" not in paths and "srv/new" in paths
+
+
+# -- the tar reader (karotte/images/tarstream.py) against what real tools write
+
+def _members_by_tarfile(data: bytes) -> list[tuple]:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
+        out = []
+        for m in tar:
+            body = tar.extractfile(m).read() if m.isreg() else b""
+            out.append((os.fsencode(m.name), os.fsencode(m.linkname), m.type, m.mode, m.uid,
+                        m.gid, m.size, int(m.mtime), body))
+    return out
+
+
+def _members_by_tarstream(data: bytes) -> list[tuple]:
+    reader, out = TarReader(io.BytesIO(data)), []
+    while (m := reader.next()) is not None:
+        body = b"".join(reader.data(m.size)) if m.isreg() else b""
+        out.append((m.name.rstrip(b"/"), m.linkname, m.type, m.mode, m.uid, m.gid, m.size,
+                    int(m.mtime), body))
+    return out
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT,
+                                 tarfile.PAX_FORMAT])
+def test_the_tar_reader_reads_what_tarfile_writes_in_each_format(fmt):
+    deep = "d/" + "/".join(["seg" * 20] * 3)  # a prefix field in ustar, long names elsewhere
+    members = [folder("d", 0o750, uid=3, gid=4, mtime=1_700_000_000), folder(deep),
+               reg(deep + "/f", b"data" * 300, 0o640, uid=1000, gid=100),
+               sym("d/link", "../" + "t" * (90 if fmt == tarfile.USTAR_FORMAT else 180)),
+               reg("d/empty"), hard("d/hl", "d/empty")]
+    if fmt != tarfile.USTAR_FORMAT:
+        members += [hard("d/hl2", deep + "/f"), reg("n" * 150, b"long name"),
+                    reg("big-ids", b"x", uid=3_000_000, gid=2_500_000),
+                    reg("\xe9t\xe9", b"utf-8 name")]
+    data = layer(*members, fmt=fmt).getvalue()
+    assert _members_by_tarstream(data) == _members_by_tarfile(data)
+
+
+@pytest.mark.skipif(shutil.which("tar") is None, reason="needs GNU tar")
+@pytest.mark.parametrize("fmt", ["gnu", "posix", "ustar"])
+def test_the_tar_reader_reads_what_gnu_tar_writes(tmp_path, fmt):
+    src = tmp_path / "src"
+    deep = src / "a" / ("b" * 60) / ("c" * 60)
+    deep.mkdir(parents=True)
+    (deep / "file").write_bytes(os.urandom(3000))
+    (src / "a" / "x").write_text("x")
+    os.link(src / "a" / "x", src / "a" / "y")
+    (src / "a" / "to").symlink_to("/usr/share/zoneinfo/UTC")
+    out = subprocess.run(["tar", "-c", f"--format={fmt}", "-C", str(src), "."],
+                         capture_output=True, check=True).stdout
+    assert _members_by_tarstream(out) == _members_by_tarfile(out)
+
+
+def test_the_tar_reader_applies_global_pax_headers_to_later_members():
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT,
+                      pax_headers={"uid": "77", "mtime": "1234.5"}) as tar:
+        for name in ("f", "g"):
+            tar.addfile(tarfile.TarInfo(name), io.BytesIO(b""))
+    data = buf.getvalue()
+    assert [(m[0], m[4], m[7]) for m in _members_by_tarstream(data)] == \
+        [(m[0], m[4], m[7]) for m in _members_by_tarfile(data)] == [(b"f", 77, 1234),
+                                                                    (b"g", 77, 1234)]
