@@ -370,7 +370,7 @@ class _Layer(Whiteouts):
                               f"(max_file_size={budget.max_file_size})")
         self._count_read(m)
         parent = self._parent(dirs, create=True)
-        fd = self._new_file(parent, name, m.size) if self.total + m.size <= budget.max_bytes \
+        fd = self._new_file(parent, name) if self.total + m.size <= budget.max_bytes \
             else None
         if fd is None:  # something is there (a lower layer's), or the budget needs its bytes
             self._clear(parent, name, join(dirs, name))
@@ -390,7 +390,7 @@ class _Layer(Whiteouts):
         self._add(join(dirs, name))
 
     @staticmethod
-    def _new_file(parent: int, name: bytes, size: int) -> int | None:
+    def _new_file(parent: int, name: bytes) -> int | None:
         """A new file name in parent, or None where a name is there (never followed:
         O_EXCL|O_NOFOLLOW fails on a symlink too)."""
         try:
