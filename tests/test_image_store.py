@@ -62,6 +62,7 @@ def test_the_layout_blobs_verified_and_a_read_only_tree_keyed_by_chain_id(images
         assert blob.stat().st_mode & 0o777 == 0o444
     lines = (tmp_path / "s/trees" / key / "manifest.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == tree_manifest(image.tree)
+    assert lines == [json.dumps(e, sort_keys=True) for e in tree_manifest(image.tree)]
     assert set(json.loads(lines[0])) == {"path", "type", "mode", "uid", "gid", "size",
                                          "sha256", "target"}
 
