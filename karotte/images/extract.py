@@ -183,7 +183,7 @@ class _Layer(Whiteouts):
         if parts and parts[0] in AUFS_META:
             self._count_read(m)  # skipped, but read all the same
             return
-        if any(p.startswith(WHITEOUT) for p in parts[:-1]):
+        if WHITEOUT in self.raw and any(p.startswith(WHITEOUT) for p in parts[:-1]):
             raise self.refuse("IMG-WHITEOUT-01", "a whiteout name used as a directory")
         if not parts:
             if m.type != DIRECTORY:

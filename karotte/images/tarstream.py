@@ -60,7 +60,7 @@ def _number(field: bytes) -> int:
         n = int.from_bytes(field[1:], "big")
         return n - 256 ** (len(field) - 1) if field[0] == 0o377 else n
     text = field.split(b"\0", 1)[0].strip()
-    if text and text.strip(b"01234567"):
+    if text.translate(None, b"01234567"):  # int() would take a sign, "0o" or "_"
         raise TarError(f"a number field {bytes(field)!r} that is not octal")
     return int(text or b"0", 8)
 
