@@ -390,6 +390,58 @@ def test_IMG_TAR_01_random_mutations_raise_only_layer_errors_and_stay_inside(tmp
         shutil.rmtree(base)
 
 
+def _fix_checksum(data: bytearray, block: int) -> None:
+    data[block + 148:block + 156] = b" " * 8
+    data[block + 148:block + 156] = b"%06o\0 " % sum(data[block:block + 512])
+
+
+def test_IMG_TAR_01_a_base256_mode_keeps_its_permission_bits_only(tree):
+    data = bytearray(layer(reg("f", b"x", 0o644), fmt=tarfile.USTAR_FORMAT).getvalue())
+    data[100:108] = b"\x80" + ((1 << 50) | 0o4644).to_bytes(7, "big")  # any number fits
+    _fix_checksum(data, 0)
+    apply_layer(io.BytesIO(bytes(data)), tree.fd)
+    assert [(e.path, e.mode) for e in manifest(tree.fd)][1:] == [("f", 0o644)]
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT,
+                                 tarfile.PAX_FORMAT])
+def test_IMG_TAR_01_mutations_in_every_format_raise_only_layer_errors(tmp_path, fmt):
+    # As the test above, with base-256 markers and the extended header types among the
+    # bytes written, in each format the reader reads.
+    members = [folder("etc"), reg("etc/passwd", b"root:x:0:0\n" * 20, 0o4755),
+               sym("etc/localtime", "/usr/share/zoneinfo/UTC"), hard("etc/hl", "etc/passwd"),
+               reg("usr/lib/.wh.gone"), reg("usr/.wh..wh..opq"), sym("up", "../outside")]
+    if fmt != tarfile.USTAR_FORMAT:
+        members.append(reg("long/" + "n" * 150, b"z" * 700))
+    good = layer(*members, fmt=fmt).getvalue()
+    with tarfile.open(fileobj=io.BytesIO(good)) as tar:
+        headers = [m.offset for m in tar.getmembers()] + [m.offset_data - 512
+                                                          for m in tar.getmembers()]
+    rng = random.Random(fmt)
+    for i in range(300):
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 8)):
+            at = rng.choice(headers) + rng.randrange(512) if rng.random() < 0.8 else \
+                rng.randrange(len(data))
+            data[at] = rng.choice([0, 0x2F, 0x2E, 0x30, 0x31, 0x35, 0x37, 0x4C, 0x4B, 0x67,
+                                   0x78, 0x80, 0xFF, rng.randrange(256)])
+            if rng.random() < 0.7:
+                _fix_checksum(data, at - at % 512)
+        base = tmp_path / str(i)
+        base.mkdir()
+        t = Tree(base)
+        try:
+            apply_layer(io.BytesIO(bytes(data)), t.fd, hashes={},
+                        budget=LayerBudget(max_bytes=1 << 20, max_file_size=1 << 20))
+        except LayerError:
+            pass
+        finally:
+            os.close(t.fd)
+        t.untouched()
+        subprocess.run(["chmod", "-R", "u+rwx", base], check=True)
+        shutil.rmtree(base)
+
+
 # -- what the tree holds, and how
 
 @needs_root

@@ -194,7 +194,8 @@ class TarReader:
         if long_name is not None:
             name = long_name
         link = long_link if long_link is not None else _text(block[157:257])
-        mode, uid, gid = (_number(block[100:108]), _number(block[108:116]),
+        # The permission bits only: a base-256 mode field can hold any number.
+        mode, uid, gid = (_number(block[100:108]) & 0o7777, _number(block[108:116]),
                           _number(block[116:124]))
         mtime: float = _number(block[136:148])
         if any(key.startswith(b"GNU.sparse.") for key in pax):
