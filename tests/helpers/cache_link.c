@@ -8,6 +8,9 @@
  *   cache_link FILE wait S     LINK-SIBLING-02's receiver: FUTEX_WAIT on FILE's first
  *                              word, mapped shared; prints "woken" or "timeout" after S s
  *   cache_link FILE wake S     its sender: FUTEX_WAKE on that word every 10 ms for S s
+ *   cache_link FILE watch S    an inotify watch for IN_OPEN on FILE; prints the count of
+ *                              events in S seconds
+ *   cache_link FILE open S     opens FILE every 10 ms for S seconds
  *
  * The marks: slots of FILE, 15 per aligned 16-page window (the window's first page is the
  * reader's to fault). Slot 0 says "written", slots 1..16 hold a tag of S, 17..48 the
@@ -24,6 +27,8 @@
 #include <string.h>
 #include <errno.h>
 #include <linux/futex.h>
+#include <poll.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -90,6 +95,29 @@ static int futex_end(const char *path, int wake, int seconds) {
     return 0;
 }
 
+/* An inotify watch sees the opens of the inode it is on. */
+static int watch(const char *path, int seconds) {
+    int in = inotify_init1(IN_NONBLOCK), events = 0;
+    if (in < 0 || inotify_add_watch(in, path, IN_OPEN) < 0) return 2;
+    struct pollfd p = {in, POLLIN, 0};
+    char buf[4096];
+    while (poll(&p, 1, seconds * 1000) > 0) {
+        ssize_t n = read(in, buf, sizeof buf);
+        if (n > 0) events += (int)(n / sizeof(struct inotify_event));
+    }
+    printf("%d\n", events);
+    return 0;
+}
+
+static int opener(const char *path, int seconds) {
+    for (int i = 0; i < seconds * 100; i++) {
+        int fd = open(path, O_RDONLY);
+        if (fd >= 0) close(fd);
+        usleep(10000);
+    }
+    return 0;
+}
+
 static void mark(int fd, int slot) {
     char c;
     if (pread(fd, &c, 1, slot_page(slot) * PAGE) != 1) exit(3);
@@ -99,6 +127,8 @@ int main(int argc, char **argv) {
     char in[64] = {0};
     if (argc > 3 && strcmp(argv[2], "wait") == 0) return futex_end(argv[1], 0, atoi(argv[3]));
     if (argc > 3 && strcmp(argv[2], "wake") == 0) return futex_end(argv[1], 1, atoi(argv[3]));
+    if (argc > 3 && strcmp(argv[2], "watch") == 0) return watch(argv[1], atoi(argv[3]));
+    if (argc > 3 && strcmp(argv[2], "open") == 0) return opener(argv[1], atoi(argv[3]));
     if (argc > 2 && strcmp(argv[2], "peek") == 0) {
         int fd = open(argv[1], O_RDONLY), bits[SLOTS];
         uint32_t seen = 0, answer = 0;
