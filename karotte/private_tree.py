@@ -9,16 +9,19 @@ program holding the hidden data, to a sibling episode's agent). A sandbox on a c
 for it alone has nothing of the userland in common with any other: what it marks is
 gone when the copy is removed.
 
-The copy is a reflink (FICLONE: new inodes sharing the data blocks, in well under a
-second) where the tree and $KAROTTE_RUNTIME_DIR are on one xfs or btrfs; else a full
-copy, into the runtime directory (by default /dev/shm, a tmpfs, whose pages are charged
-to the cgroup the copy is made in: under a grading, one of the grading's own, limited to
-the run's memory, so the grading's limits hold the copy). `cp -a` makes it: owners (a root caller's store keeps the image's ids;
-the sandbox idmaps the copy as it does the tree), modes, hard links, symlinks as links.
-The directory is a hostdirs one, named after this process: removed when the block ends
-(errors included), at exit, and by `karotte-sandbox gc` after a SIGKILL; the cp runs in
-a cgroup of its own, which the same gc empties. docs/side-channels.md says what the copy
-closes, what it costs and what stays open.
+The copy is a reflink (FICLONE: new inodes sharing the data blocks, no data copied) where
+the tree and $KAROTTE_RUNTIME_DIR are on one xfs or btrfs; else a full copy into the
+runtime directory (by default /dev/shm, a tmpfs, whose pages are charged to the cgroup
+the copy is made in: under a grading, one of the grading's own, limited to the run's
+memory, so the grading's limits hold the copy). A reflink shares whatever caches the
+blocks below the filesystem (a loop device's backing file, a hypervisor's page cache):
+docs/side-channels.md measures that channel. `cp -a` makes the copy: owners (a root
+caller's store keeps the image's ids; the sandbox idmaps the copy as it does the tree),
+modes, hard links, symlinks as links. The directory is a hostdirs one, named after this
+process: removed when the block ends (errors included), at exit, and by
+`karotte-sandbox gc` after a SIGKILL; the cp runs in a cgroup of its own, which the same
+gc empties. docs/side-channels.md says what the copy closes, what it costs and what stays
+open.
 """
 from __future__ import annotations
 
@@ -40,8 +43,8 @@ FICLONE = 0x40049409  # <linux/fs.h>: _IOW(0x94, 9, int)
 COPY_MEMORY = 8 * GiB  # the copy's cgroup limit where the caller gives none
 COPY_PIDS = 8  # sh, then cp in its place
 CP = "/bin/cp"
-# Why the host's userland is not copied: it is the whole of the host's /usr (here 5.4 GiB
-# in 117,000 files), which takes a minute and gigabytes of memory per run, and it is never
+# Why the host's userland is not copied: it is the whole of the host's /usr (here 5.6 GiB
+# in 117,672 files), which takes a minute and gigabytes of memory per run, and it is never
 # on the runtime directory's filesystem, so no reflink can make it cheap.
 HOST_REFUSED = (
     "a private userland needs an image: the host's userland is the host's whole /usr, "
@@ -61,11 +64,11 @@ class PrivateTree:
 
     image: str  # "dir:/.../rootfs": the copy, for SandboxSpec(image=...)
     source: str  # the tree it copies
-    env: Mapping[str, str] = field(default_factory=dict)  # the image config's Env (dir: none)
-    workdir: str | None = None  # the image config's WorkingDir
-    method: str = "copy"  # "reflink" (FICLONE: new inodes, shared blocks) or "copy"
-    seconds: float = 0.0  # to make it
-    charged: int | None = None  # memory the copy's cgroup was charged (peak), if known
+    env: Mapping[str, str]  # the image config's Env (a dir: tree has none)
+    workdir: str | None  # the image config's WorkingDir
+    method: str  # "reflink" (FICLONE: new inodes, shared blocks) or "copy"
+    seconds: float  # to make it
+    charged: int | None  # memory the copy's cgroup was charged (its peak), if known
 
 
 @dataclass(frozen=True)
@@ -116,8 +119,7 @@ def private_tree(image: str, *, parent: cgroups.Cgroup | None = None,
 def _copy(image: str, top: str, cgroup: cgroups.Cgroup, timeout: float) -> PrivateTree:
     start = time.monotonic()
     with contextlib.ExitStack() as leases:  # the store keeps the tree until it is copied
-        root = imageroot.resolve_root(SandboxSpec(image=image), leases)
-        assert root is not None  # "host" was refused above
+        root = imageroot.resolve_root(SandboxSpec(image=image), leases)  # not None: not "host"
         method = "reflink" if can_reflink(root.tree, top) else "copy"
         dest = os.path.join(top, "rootfs")
         _run_in(cgroup, [CP, "-a", "--no-target-directory",

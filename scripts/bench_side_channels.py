@@ -96,8 +96,8 @@ WINDOW = 16  # fault-around maps up to 64 KiB around a fault, aligned to it
 CACHE_CHANNELS = ("cache-timing", "cache-pagemap", "rwf-nowait", "cachestat", "mincore",
                   "map-populate")
 LIVE_CHANNELS = ("futex", "inotify", "inotify-dev")
+CHANNELS = CACHE_CHANNELS + LIVE_CHANNELS  # those on the host's /usr and /dev: the default
 IMAGE_CHANNELS = ("image-timing", "image-pagemap", "private-timing", "private-pagemap")
-CHANNELS = CACHE_CHANNELS + LIVE_CHANNELS + IMAGE_CHANNELS
 PYTHON = "/usr/bin/python3"  # the host's, bound read-only into every sandbox
 ARCH = os.uname().machine
 
@@ -653,8 +653,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bits", type=int, help="bits per run (default 4096)")
     ap.add_argument("--runs", type=int, help="runs per channel (default 5)")
     ap.add_argument("--channels",
-                    help=f"comma-separated subset of {','.join(CHANNELS)} (default: those of "
-                         f"the host's /usr, and with --image the image channels)")
+                    help=f"comma-separated subset of {','.join(CHANNELS + IMAGE_CHANNELS)} "
+                         f"(default: {','.join(CHANNELS)}, and with --image the image "
+                         f"channels)")
     ap.add_argument("--image", metavar="TREE",
                     help="a root filesystem tree with /usr/bin/python3 (one mmdebstrap made, "
                          "say) for the image channels; the bench runs on a copy of it")
@@ -666,11 +667,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="image timing channels: one bit every N pages (default 1)")
     ap.add_argument("--json", metavar="FILE", help="write every run and the summary")
     args = ap.parse_args(argv)
-    default = CACHE_CHANNELS + LIVE_CHANNELS + (IMAGE_CHANNELS if args.image else ())
+    default = CHANNELS + (IMAGE_CHANNELS if args.image else ())
     channels = [c for c in (args.channels or ",".join(default)).split(",") if c]
-    unknown = sorted(set(channels) - set(CHANNELS))
+    unknown = sorted(set(channels) - set(CHANNELS + IMAGE_CHANNELS))
     if unknown:
-        ap.error(f"unknown channels {', '.join(unknown)}; choose from {', '.join(CHANNELS)}")
+        ap.error(f"unknown channels {', '.join(unknown)}; choose from "
+                 f"{', '.join(CHANNELS + IMAGE_CHANNELS)}")
     if set(channels) & set(IMAGE_CHANNELS) and not args.image:
         ap.error("the image channels need --image TREE, a tree with /usr/bin/python3")
     nbits = args.bits or (256 if args.quick else 4096)
