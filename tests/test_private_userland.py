@@ -320,6 +320,35 @@ def test_the_copy_has_inodes_of_its_own_is_closed_to_host_users_and_gone_after(n
     assert not os.path.exists(root)
 
 
+def test_a_copy_of_a_store_image_keeps_its_ids_and_carries_its_config_env(
+        no_leaks, nothing_left, link_tree, tmp_path, monkeypatch):
+    # An OCI image with an Env, imported into a store of the test's own by the copy's lease;
+    # the copy is a dir: tree, which has no config: its Env comes back in the result, for
+    # ctx.run's host side to pass on.
+    if shutil.which("umoci") is None:
+        pytest.skip("needs umoci to make an OCI image")
+    tree, _ = link_tree
+    os.chown(os.path.join(tree, "opt/cache_link"), 1000, 1000)  # an id of the image's own
+    layout, bundle = tmp_path / "layout", tmp_path / "bundle"
+    for argv in (["init", "--layout", layout], ["new", "--image", f"{layout}:t"],
+                 ["unpack", "--image", f"{layout}:t", bundle]):
+        subprocess.run(["umoci", *map(str, argv)], check=True, capture_output=True)
+    subprocess.run(["cp", "-a", f"{tree}/.", str(bundle / "rootfs")], check=True)
+    for argv in (["repack", "--image", f"{layout}:t", bundle],
+                 ["config", "--image", f"{layout}:t", "--config.env", "KAROTTE_TEST=from-image"]):
+        subprocess.run(["umoci", *map(str, argv)], check=True, capture_output=True)
+    monkeypatch.setenv("KAROTTE_IMAGE_DIR", str(tmp_path / "store"))
+    with private_tree(f"oci:{layout}:t") as copy:
+        assert copy.env.get("KAROTTE_TEST") == "from-image", copy.env
+        root = copy.image.removeprefix("dir:")
+        assert os.stat(os.path.join(root, "opt/cache_link")).st_uid == 1000
+        assert copy.source.startswith(str(tmp_path / "store"))
+        with Sandbox(SandboxSpec(image=copy.image)) as sb:
+            r = sb.exec(["/opt/cache_link", BLOB], stdin=b"7")
+            assert r.exit_code == 0 and r.stdout.strip(), r.stderr
+    assert not os.path.exists(root)
+
+
 def test_a_copy_that_fails_or_a_block_that_raises_leaves_nothing(no_leaks, nothing_left,
                                                                  link_tree):
     tree, _ = link_tree
