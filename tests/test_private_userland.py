@@ -8,7 +8,7 @@ the grader's check run, and reads it back in the timed run through /proc/self/pa
 after fault-around (LINK-CACHE-02); or a graded program signals a sandbox alive beside it,
 through the page cache or an inotify watch (LINK-SIBLING-02). Without the private copy
 each link carries; with it, nothing. No test depends on timing except through a speedup
-whose margins are tenfold.
+whose margins are fourfold and more.
 
 The image is a tree made here on disk (tmpfs pages are never cold): /data/blob, 256
 pages dropped from the host's cache before each test, and /opt/cache_link.
@@ -55,8 +55,8 @@ sys.modules[_spec.name] = bench
 _spec.loader.exec_module(bench)
 
 PAGES = 256
-MIN_LINKED_SPEEDUP = 5.0  # the timed run answered at once: about 50x here
-MAX_UNLINKED_SPEEDUP = 2.0  # it computed, as the baseline does: about 1x
+MIN_LINKED_SPEEDUP = 20.0  # the timed run answered at once: 335x here
+MAX_UNLINKED_SPEEDUP = 5.0  # it computed, as the baseline does: 1.0x here, 2.7x under load
 
 
 def _tag(s: int) -> int:
