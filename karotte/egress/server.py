@@ -1,0 +1,112 @@
+"""Where the proxy runs: one thread with its own event loop, in the process that made
+the sandboxes (docs/egress.md, "Where the proxy runs").
+
+The thread's loop is not the trainer's, so a trainer that blocks its own loop does not
+stall the agents' traffic; it is a daemon thread of the trainer's process, so no proxy
+outlives a trainer that crashes. Each sandbox is one EgressSession: its listeners (made
+inside the sandbox's network namespace, karotte/net.py), its Gate, and its connections,
+which close with it.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Mapping
+
+from .check import Resolver, system_resolver
+from .http1 import MAX_HEAD
+from .policy import EgressConfigError, EgressPolicy
+from .proxy import Gate, serve
+from .record import EgressRecord
+
+
+class EgressSession:
+    """One sandbox's egress, served by an EgressProxy until close()."""
+
+    def __init__(self, proxy: EgressProxy, gate: Gate):
+        self._proxy, self._gate = proxy, gate
+        self._servers: list[asyncio.AbstractServer] = []
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task] = set()
+
+    @property
+    def policy(self) -> EgressPolicy:
+        return self._gate.policy
+
+    def record(self) -> EgressRecord:
+        """What the sandbox reached so far (safe from any thread)."""
+        return self._gate.log.snapshot()
+
+    def close(self) -> None:
+        """Stop accepting and cut every open connection; idempotent."""
+        if self._proxy.loop.is_closed():
+            return
+        asyncio.run_coroutine_threadsafe(self._close(), self._proxy.loop).result()
+
+    async def _close(self) -> None:
+        for server in self._servers:
+            server.close()
+        self._servers.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _start(self, listeners: Mapping[str | None, socket.socket]) -> None:
+        for name, sock in listeners.items():
+            up = None if name is None else self._gate.policy.upstream(name)
+
+            async def accepted(reader, writer, up=up):
+                task = asyncio.current_task()
+                self._tasks.add(task)
+                try:
+                    await serve(self._gate, reader, writer, up)
+                finally:
+                    self._tasks.discard(task)
+                    writer.transport.abort()
+            self._servers.append(await asyncio.start_server(accepted, sock=sock,
+                                                            limit=MAX_HEAD))
+
+
+class EgressProxy:
+    """The egress proxy of this process: start() once, serve() each sandbox."""
+
+    def __init__(self, resolve: Resolver = system_resolver):
+        self._resolve = resolve
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="karotte-egress", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def serve(self, policy: EgressPolicy, proxy: socket.socket | None = None,
+              upstreams: Mapping[str, socket.socket] | None = None) -> EgressSession:
+        """Serve a sandbox's listeners: `proxy` (the forward proxy) and one per named
+        upstream of the policy. The sockets are listening; the proxy takes them over."""
+        upstreams = dict(upstreams or {})
+        names = {u.name for u in policy.upstreams}
+        if set(upstreams) != names:
+            raise EgressConfigError(f"listeners for upstreams {sorted(upstreams)} but the "
+                                    f"policy names {sorted(names)}: give one listener each")
+        listeners: dict[str | None, socket.socket] = dict(upstreams)
+        if proxy is not None:
+            listeners[None] = proxy
+        session = EgressSession(self, Gate(policy, self._resolve))
+        asyncio.run_coroutine_threadsafe(session._start(listeners), self.loop).result()
+        return session
+
+    def close(self) -> None:
+        """Stop the loop and its thread; sessions still open are cut."""
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+    def __enter__(self) -> EgressProxy:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
