@@ -47,7 +47,7 @@ def internal(address: IPAddress) -> bool:
             return internal(address.ipv4_mapped)
         if address in _NAT64:
             return internal(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
-    return address in METADATA or not address.is_global
+    return address in METADATA or address.is_multicast or not address.is_global
 
 
 async def check(policy: EgressPolicy, host: str, port: int, resolve: Resolver) -> Verdict:

@@ -347,11 +347,11 @@ class _Client:
             await self.gate.meter.take(len(data))
         except LimitReached as exc:
             raise _Ended(exc.reason, str(exc)) from None
-        writer.write(data)
-        if up:
+        if up:  # counted before it goes, so a record read once the client has it shows it
             entry.sent += len(data)
         else:
             entry.received += len(data)
+        writer.write(data)
         self.stamp = time.monotonic()
         await writer.drain()
 
