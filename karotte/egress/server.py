@@ -57,10 +57,11 @@ class EgressSession:
             up = None if name is None else self._gate.policy.upstream(name)
 
             async def accepted(reader, writer, up=up):
-                task = asyncio.current_task()
+                # close() cancels the inner task; this callback itself ends normally
+                task = asyncio.ensure_future(serve(self._gate, reader, writer, up))
                 self._tasks.add(task)
                 try:
-                    await serve(self._gate, reader, writer, up)
+                    await asyncio.wait({task})
                 finally:
                     self._tasks.discard(task)
                     writer.transport.abort()
