@@ -5,10 +5,12 @@ The servers listen on the host's loopback, so each allow-list lists 127.0.0.1 wi
 server's port; the names resolve through a table the test holds, never real DNS."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 
@@ -226,3 +228,19 @@ def test_the_proxy_stops_serving_a_sandbox_when_it_is_destroyed(files, proxy):
     session = sb._core.egress
     sb.close()
     assert sb._core.egress is None and session._servers == []
+
+
+def test_karotte_sandbox_exec_allow_reaches_the_listed_host_and_reports_it(files):
+    cli = os.path.join(os.path.dirname(sys.executable), "karotte-sandbox")
+    url = f"http://127.0.0.1:{files.port}/hello.txt"  # the host's, through the proxy
+    run = lambda *allow: subprocess.run(
+        [cli, "exec", *allow, "--json", "--", "curl", "-sS", "--noproxy", "", url],
+        capture_output=True, text=True, timeout=60)
+    done = json.loads(run("--allow", f"127.0.0.1:{files.port}").stdout)
+    assert done["stdout"] == "hello from the host\n"
+    (reach,) = done["egress"]["reaches"]
+    assert (reach["host"], reach["port"], reach["allowed"]) == ("127.0.0.1", files.port, True)
+    refused = json.loads(run("--allow", "files.test").stdout)
+    assert "refused: ip_literal" in refused["stdout"]
+    bad = run("--allow", "bad host")
+    assert bad.returncode == 125 and "'bad host'" in bad.stdout and "*.SUFFIX" in bad.stdout
