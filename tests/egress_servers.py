@@ -22,6 +22,7 @@ class Handler(http.server.SimpleHTTPRequestHandler):
     headers are kept in server.seen."""
 
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # a head and a body in two writes: no delayed ACK
 
     def log_message(self, *args):
         pass
@@ -64,6 +65,7 @@ class GitHandler(http.server.BaseHTTPRequestHandler):
     """git's smart HTTP: each request handed to `git http-backend` as CGI."""
 
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # a head and a body in two writes: no delayed ACK
 
     def log_message(self, *args):
         pass
@@ -190,5 +192,5 @@ class Gateway:
 
     def close(self):
         for session in self.sessions:
-            session.close()
+            session.close(wait=True)
         self.proxy.close()

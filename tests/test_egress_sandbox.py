@@ -227,7 +227,8 @@ def test_the_proxy_stops_serving_a_sandbox_when_it_is_destroyed(files, proxy):
     sb = sandbox(allowing(files, "files.test"))
     session = sb._core.egress
     sb.close()
-    assert sb._core.egress is None and session._servers == []
+    session.close(wait=True)  # what the sandbox's teardown started, waited for
+    assert sb._core.egress is None and session._servers == [] and session._tasks == set()
 
 
 def test_karotte_sandbox_exec_allow_reaches_the_listed_host_and_reports_it(files):

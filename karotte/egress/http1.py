@@ -14,6 +14,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 MAX_HEAD = 64 * 1024
+# A stream's buffer: what one read may take at once (bodies are relayed in reads this big,
+# so the loop runs once per MiB, not per 64 KiB); a head is still held to MAX_HEAD.
+BUFFER = 1024 * 1024
 _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
 _VERSION = re.compile(rb"HTTP/1\.[01]\Z")
 # Headers that describe one hop; the proxy speaks for itself on each side.
@@ -47,7 +50,9 @@ async def read_head(reader: asyncio.StreamReader) -> Head | None:
             return None
         raise BadMessage("the connection ended inside a message head") from None
     except asyncio.LimitOverrunError:
-        raise BadMessage(f"a message head over {MAX_HEAD} bytes") from None
+        raw = b""
+    if not raw or len(raw) > MAX_HEAD:
+        raise BadMessage(f"a message head over {MAX_HEAD} bytes")
     lines = raw[:-4].split(b"\r\n")
     start = lines[0].split(b" ", 2)
     if len(start) != 3 or any(b"\n" in part or b"\r" in part for part in start):
@@ -109,13 +114,13 @@ async def relay_body(reader: asyncio.StreamReader, send: Send, kind: str, length
     """Send a body on as it arrives, to its end as framing() said."""
     if kind == "length":
         while length:
-            data = await reader.read(min(length, 256 * 1024))
+            data = await reader.read(min(length, BUFFER))
             if not data:
                 raise BadMessage("the connection ended inside a body")
             length -= len(data)
             await send(data)
     elif kind == "close":
-        while data := await reader.read(256 * 1024):
+        while data := await reader.read(BUFFER):
             await send(data)
     elif kind == "chunked":
         await _relay_chunked(reader, send)

@@ -16,14 +16,13 @@ import urllib.parse
 
 from .check import Resolver, Verdict, check
 from .hostnames import BadHost, host_header, normalise_host, show, split_authority
-from .http1 import (MAX_HEAD, BadMessage, Head, build_head, forwarded_headers, framing,
+from .http1 import (BUFFER, BadMessage, Head, build_head, forwarded_headers, framing,
                     read_head, relay_body, request_line, response, status_code)
 from .meter import LimitReached, Meter
 from .policy import EgressPolicy, Rule, Upstream
 from .record import Entry, Log
 from .tls import NotClientHello, read_client_hello
 
-CHUNK = 256 * 1024
 _STATUS = {"connections": (429, "Too Many Requests"), "bytes_total": (429, "Too Many Requests"),
            "bad_request": (400, "Bad Request"), "bad_host": (400, "Bad Request"),
            "not_proxy_request": (400, "Bad Request"), "resolve_failed": (502, "Bad Gateway"),
@@ -277,7 +276,7 @@ class _Client:
         for address in verdict.addresses:
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_connection(
-                    address, verdict.port, limit=MAX_HEAD, ssl=context,
+                    address, verdict.port, limit=BUFFER, ssl=context,
                     server_hostname=str(up.host) if context else None),
                     self.limits.connect_timeout)
             except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
@@ -333,7 +332,7 @@ class _Client:
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     entry: Entry, up: bool) -> None:
         try:
-            while data := await reader.read(CHUNK):
+            while data := await reader.read(BUFFER):
                 await self._send(writer, data, entry, up)
             if writer.can_write_eof():
                 writer.write_eof()

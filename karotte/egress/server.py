@@ -15,7 +15,7 @@ import threading
 from collections.abc import Mapping
 
 from .check import Resolver, system_resolver
-from .http1 import MAX_HEAD
+from .http1 import BUFFER
 from .policy import EgressConfigError, EgressPolicy
 from .proxy import Gate, serve
 from .record import EgressRecord
@@ -27,8 +27,9 @@ class EgressSession:
     def __init__(self, proxy: EgressProxy, gate: Gate):
         self._proxy, self._gate = proxy, gate
         self._servers: list[asyncio.AbstractServer] = []
-        self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task] = set()
+        self._starting: asyncio.Task | None = None  # _start, on the proxy's loop
+        self._closing = None
 
     @property
     def policy(self) -> EgressPolicy:
@@ -38,25 +39,49 @@ class EgressSession:
         """What the sandbox reached so far (safe from any thread)."""
         return self._gate.log.snapshot()
 
-    def close(self) -> None:
-        """Stop accepting and cut every open connection; idempotent."""
+    def close(self, wait: bool = False) -> None:
+        """Stop accepting and cut every open connection; idempotent. The proxy's loop
+        does it at once; the caller waits for it only with wait=True (a sandbox's
+        teardown does not: its listeners lead nowhere once its namespace is gone)."""
         if self._proxy.loop.is_closed():
             return
-        asyncio.run_coroutine_threadsafe(self._close(), self._proxy.loop).result()
+        if self._closing is None:
+            self._closing = asyncio.run_coroutine_threadsafe(self._close(), self._proxy.loop)
+        if wait:
+            self._closing.result()
 
     async def _close(self) -> None:
+        # Scheduled after _start (call_soon_threadsafe keeps the order), it may still
+        # find _start waiting inside start_server: the servers it adds are closed too.
+        await asyncio.wait({self._starting})
         for server in self._servers:
             server.close()
         self._servers.clear()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._proxy._sessions.discard(self)
 
     async def _start(self, listeners: Mapping[str | None, socket.socket]) -> None:
+        self._starting = asyncio.current_task()
+        try:
+            await self._listen(listeners)
+        except BaseException:
+            # an agent connecting then gets a refusal at once, never a hang in the backlog
+            for sock in listeners.values():
+                sock.close()
+            raise
+
+    async def _listen(self, listeners: Mapping[str | None, socket.socket]) -> None:
         for name, sock in listeners.items():
             up = None if name is None else self._gate.policy.upstream(name)
 
             async def accepted(reader, writer, up=up):
+                # asyncio sets TCP_NODELAY only on sockets made with proto IPPROTO_TCP,
+                # and a listener made with proto 0 (init's, a test's) accepts those with 0:
+                # without it a response's head and body wait on a delayed ACK (40 ms)
+                writer.get_extra_info("socket").setsockopt(
+                    socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 # close() cancels the inner task; this callback itself ends normally
                 task = asyncio.ensure_future(serve(self._gate, reader, writer, up))
                 self._tasks.add(task)
@@ -66,7 +91,7 @@ class EgressSession:
                     self._tasks.discard(task)
                     writer.transport.abort()
             self._servers.append(await asyncio.start_server(accepted, sock=sock,
-                                                            limit=MAX_HEAD))
+                                                            limit=BUFFER))
 
 
 class EgressProxy:
@@ -75,6 +100,7 @@ class EgressProxy:
     def __init__(self, resolve: Resolver = system_resolver):
         self._resolve = resolve
         self.loop = asyncio.new_event_loop()
+        self._sessions: set[EgressSession] = set()
         self._thread = threading.Thread(target=self._run, name="karotte-egress", daemon=True)
         self._thread.start()
 
@@ -95,13 +121,18 @@ class EgressProxy:
         if proxy is not None:
             listeners[None] = proxy
         session = EgressSession(self, Gate(policy, self._resolve))
-        asyncio.run_coroutine_threadsafe(session._start(listeners), self.loop).result()
+        # Not waited for: the listeners already listen, so a connection that comes before
+        # the loop takes them over waits in the kernel's backlog (create costs no round trip)
+        asyncio.run_coroutine_threadsafe(session._start(listeners), self.loop)
+        self._sessions.add(session)
         return session
 
     def close(self) -> None:
         """Stop the loop and its thread; sessions still open are cut."""
         if self.loop.is_closed():
             return
+        for session in list(self._sessions):
+            session.close(wait=True)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
