@@ -287,3 +287,28 @@ def test_EGRESS_FLOOD_01_the_pace_is_shared_by_all_connections(gateway, files):
     reaches = session.record().reaches
     assert sum(r.bytes_received for r in reaches) >= 6_000_000, reaches
     assert elapsed >= 1.8, (elapsed, reaches)
+
+
+def test_EGRESS_SNI_01_an_encrypted_client_hello_is_cut(gateway, tls_files):
+    from test_egress_policy import client_hello, with_extension
+    session, proxy, _ = gateway.serve([f"files.test:{tls_files.port}",
+                                       f"127.0.0.1:{tls_files.port}"])
+    with tunnel(proxy, f"files.test:{tls_files.port}") as sock:
+        sock.sendall(with_extension(client_hello("files.test"), 0xFE0D, b"\x00" * 32))
+        assert read_all(sock) == b""
+    reach = session.record().reaches[-1]
+    assert (reach.allowed, reach.reason, reach.bytes_sent) == (False, "ech", 0)
+
+
+def test_a_tunnel_that_carries_nothing_is_cut_when_idle(gateway, tls_files):
+    session, proxy, _ = gateway.serve([f"files.test:{tls_files.port}",
+                                       f"127.0.0.1:{tls_files.port}"],
+                                      limits=EgressLimits(idle_timeout=0.5))
+    from test_egress_policy import client_hello
+    start = time.monotonic()
+    with tunnel(proxy, f"files.test:{tls_files.port}") as sock:
+        sock.sendall(client_hello("files.test"))  # then silence: no second flight
+        read_all(sock)
+    assert time.monotonic() - start < 5
+    reach = session.record().reaches[-1]
+    assert (reach.allowed, reach.reason) == (True, "idle")

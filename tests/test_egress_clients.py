@@ -238,3 +238,15 @@ def test_an_upstream_is_plain_http_inside_and_tls_with_credentials_outside(gatew
     (reach,) = session.record().reaches
     assert (reach.via, reach.host, reach.port, reach.allowed) == (
         "upstream:model", "files.test", tls_files.port, True)
+
+
+def test_an_upstream_whose_certificate_does_not_verify_is_not_reached(gateway, tls_files):
+    session, _, ups = gateway.serve([f"127.0.0.1:{tls_files.port}"], {
+        "model": {"url": f"https://files.test:{tls_files.port}", "headers": {"X-Key": "k"}}})
+    before = len(tls_files.seen)
+    out = subprocess.run(["curl", "-sS", "-i", f"{ups['model']}/hello.txt"],
+                         capture_output=True, text=True)
+    assert "502 Bad Gateway" in out.stdout and "connect_failed" in out.stdout
+    assert "CERTIFICATE_VERIFY_FAILED" in out.stdout and len(tls_files.seen) == before
+    (reach,) = session.record().reaches
+    assert (reach.allowed, reach.reason) == (True, "connect_failed")

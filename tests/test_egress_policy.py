@@ -204,3 +204,29 @@ def test_the_record_is_frozen_bounded_and_plain_json():
         record.reaches[0].host = "x"
     assert record.to_dict()["reaches"][0] == dataclasses.asdict(
         Reach("http", "h0.test", 80, False, "not_allowed", 0, 0))
+
+
+def with_extension(hello, kind, data):
+    """A real ClientHello record with one more extension appended (lengths fixed up)."""
+    body = bytearray(hello[9:])
+    at = 34
+    at += 1 + body[at]  # session id
+    at += 2 + int.from_bytes(body[at:at + 2], "big")  # cipher suites
+    at += 1 + body[at]  # compression methods
+    extension = kind.to_bytes(2, "big") + len(data).to_bytes(2, "big") + data
+    body[at:at + 2] = (int.from_bytes(body[at:at + 2], "big") + len(extension)).to_bytes(2, "big")
+    body += extension
+    handshake = b"\x01" + len(body).to_bytes(3, "big") + bytes(body)
+    return hello[:3] + len(handshake).to_bytes(2, "big") + handshake
+
+
+def test_an_encrypted_client_hello_is_seen():
+    hello = with_extension(client_hello("files.test"), 0xFE0D, b"\x00" * 32)
+    assert read_hello(hello)[1].encrypted
+
+
+def test_a_second_server_name_extension_is_refused():
+    name = b"evil.test"
+    sni = (len(name) + 3).to_bytes(2, "big") + b"\x00" + len(name).to_bytes(2, "big") + name
+    with pytest.raises(NotClientHello, match="appears twice"):
+        read_hello(with_extension(client_hello("files.test"), 0, sni))
