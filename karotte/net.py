@@ -75,7 +75,8 @@ def egress_proxy() -> EgressProxy:
     """This process's proxy, started on first use."""
     global _proxy
     with _lock:
-        if _proxy is None:
+        # a forked child inherits the object but not the thread that runs its loop
+        if _proxy is None or _proxy.pid != os.getpid():
             _proxy = EgressProxy()
         return _proxy
 

@@ -245,3 +245,39 @@ def test_karotte_sandbox_exec_allow_reaches_the_listed_host_and_reports_it(files
     assert "refused: ip_literal" in refused["stdout"]
     bad = run("--allow", "bad host")
     assert bad.returncode == 125 and "'bad host'" in bad.stdout and "*.SUFFIX" in bad.stdout
+
+
+def test_an_async_sandbox_serves_its_listeners_too(files):
+    from karotte.sandbox import AsyncSandbox
+
+    async def go():
+        async with AsyncSandbox(SandboxSpec(network=parse_policy(allowing(files, "files.test")))) as sb:
+            r = await sb.exec(["curl", "-sS", f"http://files.test:{files.port}/hello.txt"])
+            return r.stdout, sb.egress_record().reaches[0].reason
+    import asyncio
+    assert asyncio.run(go()) == (b"hello from the host\n", "ok")
+
+
+def test_a_forked_child_serves_its_own_sandboxes_with_a_proxy_of_its_own(files):
+    """The parent's proxy thread does not exist in a forked child: the child's sandboxes
+    must get a proxy of the child's, not hang on the parent's."""
+    assert net.egress_proxy().pid == os.getpid()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one sandbox, its curl's output through the pipe
+        code = 1
+        try:
+            os.close(read)
+            url = f"http://127.0.0.1:{files.port}/hello.txt"
+            with sandbox([f"127.0.0.1:{files.port}"]) as sb:
+                r = sb.exec(["curl", "-sS", "--max-time", "10", "--noproxy", "", url],
+                            timeout=20)
+            os.write(write, r.stdout)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        out = pipe.read()
+    assert os.waitpid(pid, 0)[1] == 0
+    assert out == b"hello from the host\n"

@@ -10,6 +10,7 @@ which close with it.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 from collections.abc import Mapping
@@ -99,6 +100,7 @@ class EgressProxy:
 
     def __init__(self, resolve: Resolver = system_resolver):
         self._resolve = resolve
+        self.pid = os.getpid()  # the process whose thread serves it
         self.loop = asyncio.new_event_loop()
         self._sessions: set[EgressSession] = set()
         self._thread = threading.Thread(target=self._run, name="karotte-egress", daemon=True)
