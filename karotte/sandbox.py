@@ -57,10 +57,11 @@ def exec_env(spec: SandboxSpec, env: Mapping[str, str] | None,
              root: imageroot.ImageRoot | None = None) -> dict[str, str]:
     """The environment of a command: DEFAULT_ENV with OMP_NUM_THREADS for the spec's CPUs
     (never more than the host has), then the image config's Env (on an image), then the
-    caller's env; each may replace any of what comes before it."""
+    egress proxy's variables (karotte/net.py), then the caller's env; each may replace any
+    of what comes before it."""
     cpus = min(math.ceil(spec.cpus), len(os.sched_getaffinity(0)))
-    return {**DEFAULT_ENV, "OMP_NUM_THREADS": str(cpus), **net.proxy_env(spec),
-            **(root.env if root else {}),
+    return {**DEFAULT_ENV, "OMP_NUM_THREADS": str(cpus), **(root.env if root else {}),
+            **net.proxy_env(spec),  # over an image's own proxy settings, which lead nowhere
             **(env or {})}
 
 

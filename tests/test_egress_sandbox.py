@@ -281,3 +281,14 @@ def test_a_forked_child_serves_its_own_sandboxes_with_a_proxy_of_its_own(files):
         out = pipe.read()
     assert os.waitpid(pid, 0)[1] == 0
     assert out == b"hello from the host\n"
+
+
+def test_the_proxy_variables_win_over_an_image_s_own_and_lose_to_the_caller_s():
+    from karotte.imageroot import ImageRoot
+    from karotte.sandbox import exec_env
+    spec = SandboxSpec(network=parse_policy(["pypi.org"]))
+    image = ImageRoot("/nonexistent", env={"http_proxy": "http://10.0.0.1:3128", "A": "1"})
+    env = exec_env(spec, {"HTTPS_PROXY": "http://127.0.0.1:9"}, image)
+    assert env["http_proxy"] == "http://127.0.0.1:3128" and env["A"] == "1"
+    assert env["HTTPS_PROXY"] == "http://127.0.0.1:9"
+    assert "http_proxy" not in exec_env(SandboxSpec(), None, None)
