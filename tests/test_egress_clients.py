@@ -164,7 +164,8 @@ def pip_install(proxy, index_url, target):
            "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
     return subprocess.run([sys.executable, "-m", "pip", "install", "--no-cache-dir",
                            "--retries", "0", "--timeout", "10", "--proxy", proxy,
-                           "--index-url", index_url, "--trusted-host", index_url.split("/")[2], "--target", str(target), "egress-probe"],
+                           "--index-url", index_url, "--trusted-host", index_url.split("/")[2],
+                           "--target", str(target), "egress-probe"],
                           capture_output=True, text=True, env=env, timeout=120)
 
 

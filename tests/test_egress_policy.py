@@ -75,7 +75,8 @@ def test_an_upstream_keeps_its_credentials_out_of_its_repr_and_its_url():
     with pytest.raises(EgressConfigError, match="lowercase identifier"):
         parse_policy(upstreams={"Model!": "https://api.example.com"})
     with pytest.raises(EgressConfigError, match="without CR, LF or NUL"):
-        parse_policy(upstreams={"model": {"url": "https://a.example", "headers": {"X": "a\r\nB: c"}}})
+        parse_policy(upstreams={"model": {"url": "https://a.example",
+                                          "headers": {"X": "a\r\nB: c"}}})
 
 
 @pytest.mark.parametrize("field,value", [("max_connections", 0), ("max_connections", None),
@@ -96,7 +97,8 @@ def test_EGRESS_DNS_01_a_name_that_is_not_allowed_is_never_resolved():
 
 
 def test_a_name_matches_in_its_one_form_and_on_its_ports_only():
-    table = Table({"xn--bcher-kva.de": ["93.184.216.34"], "files.pythonhosted.org": ["151.101.0.223"],
+    table = Table({"xn--bcher-kva.de": ["93.184.216.34"],
+                   "files.pythonhosted.org": ["151.101.0.223"],
                    "pythonhosted.org": ["151.101.0.223"]})
     policy = parse_policy(["bücher.de", "*.pythonhosted.org"])
     assert run(check(policy, "BÜCHER.de.", 443, table)).allowed

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -182,9 +181,10 @@ def test_EGRESS_DNS_01_lookups_inside_reach_no_resolver(proxy):
 
 def test_EGRESS_ISOLATION_01_two_sandboxes_keep_their_own_allow_lists(files):
     with sandbox(allowing(files, "files.test")) as a, sandbox(allowing(files, "evil.test")) as b:
-        fetch = "curl -sS -o /dev/null -w '%{{http_code}} ' http://{}:{}/hello.txt"
-        ra = sh(a, fetch.format("files.test", files.port) + "; " + fetch.format("evil.test", files.port))
-        rb = sh(b, fetch.format("files.test", files.port) + "; " + fetch.format("evil.test", files.port))
+        fetch = "; ".join(f"curl -sS -o /dev/null -w '%{{http_code}} ' "
+                          f"http://{name}:{files.port}/hello.txt"
+                          for name in ("files.test", "evil.test"))
+        ra, rb = sh(a, fetch), sh(b, fetch)
         assert (ra.stdout, rb.stdout) == (b"200 403 ", b"403 200 ")
         assert [x.host for x in a.egress_record().reaches] == ["files.test", "evil.test"]
         assert [x.reason for x in b.egress_record().reaches] == ["not_allowed", "ok"]
@@ -251,7 +251,8 @@ def test_an_async_sandbox_serves_its_listeners_too(files):
     from karotte.sandbox import AsyncSandbox
 
     async def go():
-        async with AsyncSandbox(SandboxSpec(network=parse_policy(allowing(files, "files.test")))) as sb:
+        spec = SandboxSpec(network=parse_policy(allowing(files, "files.test")))
+        async with AsyncSandbox(spec) as sb:
             r = await sb.exec(["curl", "-sS", f"http://files.test:{files.port}/hello.txt"])
             return r.stdout, sb.egress_record().reaches[0].reason
     import asyncio
