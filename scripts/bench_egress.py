@@ -6,8 +6,8 @@
 All traffic is on 127.0.0.1: a file server in a process of its own, curl and Python
 clients, and the proxy (karotte.egress.EgressProxy) in one of two places:
 
-- thread: a thread with its own event loop in this process (what karotte/net.py runs);
-- process: the same proxy in a small process of its own.
+- thread: EgressProxy, a thread with its own event loop in this process (net.py's default);
+- process: EgressProcess, the same proxy in a child process of its own.
 
 Each is measured with this process idle, and with a "trainer" thread busy in pure Python
 beside it (the GIL is what a trainer's own load could take from the proxy's thread).
@@ -29,7 +29,8 @@ import threading
 import time
 
 import benchlib  # noqa: F401 - before karotte: it puts this checkout's karotte on sys.path
-from karotte.egress import EgressLimits, EgressProxy, parse_policy, static_resolver
+from karotte.egress import (EgressLimits, EgressProcess, EgressProxy, parse_policy,
+                            static_resolver)
 
 UNLIMITED = EgressLimits(bytes_per_second=None, max_bytes=None)
 NAME = "files.test"
@@ -58,15 +59,6 @@ def serve_files() -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
     print(server.server_address[1], flush=True)
     server.serve_forever()
-
-
-def serve_proxy(port: int) -> None:
-    proxy = EgressProxy(static_resolver({NAME: ["127.0.0.1"]}))
-    sock = _listener()
-    proxy.serve(parse_policy([f"{NAME}:{port}", f"127.0.0.1:{port}"], limits=UNLIMITED),
-                proxy=sock)
-    print(sock.getsockname()[1], flush=True)
-    sys.stdin.read()
 
 
 def _listener() -> socket.socket:
@@ -169,7 +161,6 @@ def main() -> int:
     ap.add_argument("--cycles", type=int, default=50)
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--serve-files", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--serve-proxy", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--latency-client", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.latency_client:
@@ -179,16 +170,17 @@ def main() -> int:
     if args.serve_files:
         serve_files()
         return 0
-    if args.serve_proxy:
-        serve_proxy(args.serve_proxy)
-        return 0
     files, port = _child("--serve-files")
     thread_proxy = EgressProxy(static_resolver({NAME: ["127.0.0.1"]}))
     sock = _listener()
     thread_proxy.serve(parse_policy([f"{NAME}:{port}", f"127.0.0.1:{port}"], limits=UNLIMITED),
                        proxy=sock)
     thread_port = sock.getsockname()[1]
-    process, process_port = _child("--serve-proxy", str(port))
+    process = EgressProcess({NAME: ["127.0.0.1"]})
+    sock = _listener()
+    process_port = sock.getsockname()[1]
+    process.serve(parse_policy([f"{NAME}:{port}", f"127.0.0.1:{port}"], limits=UNLIMITED),
+                  proxy=sock)
     rows = {}
     try:
         for where, pport in (("direct", None), ("thread", thread_port),
@@ -207,8 +199,7 @@ def main() -> int:
                       file=sys.stderr, flush=True)
         cycles = sandbox_cycles(args.cycles, port)
     finally:
-        process.stdin.close()
-        process.wait()
+        process.close()
         files.kill()
         files.wait()
         thread_proxy.close()

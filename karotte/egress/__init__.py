@@ -12,8 +12,10 @@ from .check import Verdict, check, internal, static_resolver, system_resolver
 from .policy import (EgressConfigError, EgressLimits, EgressPolicy, Rule, Upstream,
                      parse_policy)
 from .record import REASONS, EgressRecord, Reach
+from .process import EgressProcess, ProcessSession
 from .server import EgressProxy, EgressSession
 
-__all__ = ["REASONS", "EgressConfigError", "EgressLimits", "EgressPolicy", "EgressProxy",
-           "EgressRecord", "EgressSession", "Reach", "Rule", "Upstream", "Verdict", "check",
-           "internal", "parse_policy", "static_resolver", "system_resolver"]
+__all__ = ["REASONS", "EgressConfigError", "EgressLimits", "EgressPolicy", "EgressProcess",
+           "EgressProxy", "EgressRecord", "EgressSession", "ProcessSession", "Reach", "Rule",
+           "Upstream", "Verdict", "check", "internal", "parse_policy", "static_resolver",
+           "system_resolver"]

@@ -95,6 +95,22 @@ class EgressSession:
                                                             limit=BUFFER))
 
 
+def listeners_of(policy: EgressPolicy, proxy: socket.socket | None,
+                 upstreams: Mapping[str, socket.socket] | None
+                 ) -> dict[str | None, socket.socket]:
+    """The listeners of a session by upstream name (None: the forward proxy), checked
+    against the policy's upstreams."""
+    upstreams = dict(upstreams or {})
+    names = {u.name for u in policy.upstreams}
+    if set(upstreams) != names:
+        raise EgressConfigError(f"listeners for upstreams {sorted(upstreams)} but the "
+                                f"policy names {sorted(names)}: give one listener each")
+    listeners: dict[str | None, socket.socket] = dict(upstreams)
+    if proxy is not None:
+        listeners[None] = proxy
+    return listeners
+
+
 class EgressProxy:
     """The egress proxy of this process: start() once, serve() each sandbox."""
 
@@ -114,14 +130,7 @@ class EgressProxy:
               upstreams: Mapping[str, socket.socket] | None = None) -> EgressSession:
         """Serve a sandbox's listeners: `proxy` (the forward proxy) and one per named
         upstream of the policy. The sockets are listening; the proxy takes them over."""
-        upstreams = dict(upstreams or {})
-        names = {u.name for u in policy.upstreams}
-        if set(upstreams) != names:
-            raise EgressConfigError(f"listeners for upstreams {sorted(upstreams)} but the "
-                                    f"policy names {sorted(names)}: give one listener each")
-        listeners: dict[str | None, socket.socket] = dict(upstreams)
-        if proxy is not None:
-            listeners[None] = proxy
+        listeners = listeners_of(policy, proxy, upstreams)
         session = EgressSession(self, Gate(policy, self._resolve))
         # Not waited for: the listeners already listen, so a connection that comes before
         # the loop takes them over waits in the kernel's backlog (create costs no round trip)
