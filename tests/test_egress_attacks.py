@@ -312,3 +312,15 @@ def test_a_tunnel_that_carries_nothing_is_cut_when_idle(gateway, tls_files):
     assert time.monotonic() - start < 5
     reach = session.record().reaches[-1]
     assert (reach.allowed, reach.reason) == (True, "idle")
+
+
+def test_EGRESS_BYPASS_01_an_upstream_listener_goes_through_the_same_check(gateway, files):
+    """An upstream's name is allowed by being the upstream; what it resolves to is still
+    checked: here the host's loopback, which the allow-list does not list."""
+    session, _, ups = gateway.serve([], {"model": f"http://rebind.test:{files.port}"})
+    out = subprocess.run(["curl", "-sS", "-i", f"{ups['model']}/hello.txt"],
+                         capture_output=True, text=True)
+    assert "X-Karotte-Egress: internal_address" in out.stdout and files.seen == []
+    (reach,) = session.record().reaches
+    assert (reach.via, reach.allowed, reach.reason) == ("upstream:model", False,
+                                                        "internal_address")
