@@ -43,7 +43,7 @@ enum {
 
 /* init -> host */
 enum {
-    KP_READY = 101,     /* setup done; a directory fd of /workspace is attached */
+    KP_READY = 101,     /* setup done; fds: a directory of /workspace, then the egress listeners */
     KP_SETUP_ERR = 102, /* setup failed: KT_STEP, KT_ERRNO, KT_WHAT; init exits after it */
     KP_EXEC_ERR = 104,  /* exec id could not start: KT_STEP, KT_ERRNO, KT_WHAT */
     KP_EXITED = 105,    /* exec id ended: KT_WAIT_STATUS, KT_RUSAGE */
@@ -58,7 +58,7 @@ enum {
     KT_MOUNT = 3,    /* struct kp_mount, then src\0dst\0 */
     KT_SECCOMP = 4,  /* struct sock_filter[] */
     KT_RLIMIT = 5,   /* struct kp_rlimit */
-    KT_LOOPBACK = 6, /* empty: bring lo up */
+    KT_LOOPBACK = 6, /* bring lo up; u32 ports of the egress listeners to make on it, if any */
     KT_CAPS = 7,     /* u64: the agent's capabilities, within KP_ROOT_CAPS; absent: none */
     /* KP_EXEC */
     KT_ARGV = 20, /* NUL-separated strings */

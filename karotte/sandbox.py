@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from . import cgroups, imageroot, lifecycle, mounts, native, plan, steps
+from . import cgroups, imageroot, lifecycle, mounts, native, net, plan, steps
 from . import protocol as p
 from .userns import identity, userns_blocker
 from .userns import AGENT_UID, DEFAULT_UID_BASE, ns_owner_ids  # noqa: F401 (public here too)
@@ -57,9 +57,11 @@ def exec_env(spec: SandboxSpec, env: Mapping[str, str] | None,
              root: imageroot.ImageRoot | None = None) -> dict[str, str]:
     """The environment of a command: DEFAULT_ENV with OMP_NUM_THREADS for the spec's CPUs
     (never more than the host has), then the image config's Env (on an image), then the
-    caller's env; each may replace any of what comes before it."""
+    egress proxy's variables (karotte/net.py), then the caller's env; each may replace any
+    of what comes before it."""
     cpus = min(math.ceil(spec.cpus), len(os.sched_getaffinity(0)))
     return {**DEFAULT_ENV, "OMP_NUM_THREADS": str(cpus), **(root.env if root else {}),
+            **net.proxy_env(spec),  # over an image's own proxy settings, which lead nowhere
             **(env or {})}
 
 
@@ -106,6 +108,7 @@ class _Core:
         self.pid: int | None = None
         self.pidfd: int | None = None
         self.workspace_fd: int | None = None
+        self.egress = None  # the EgressSession serving its listeners (karotte/net.py)
         self.broken: str | None = None
         self.closed = False
         self._next_id = 1
@@ -204,8 +207,11 @@ class _Core:
         self._spawn_args = None  # init has exec'd (or died): its arguments may go
         if reply is not None and reply.type == p.READY and fds:
             self.workspace_fd = fds[0]
-            for fd in fds[1:]:
-                os.close(fd)
+            try:
+                self.egress = net.start_egress(self.spec, fds[1:])
+            except BaseException:
+                self.destroy()
+                raise
             try:
                 # An OOM should kill the agent's processes, not init (which resets this for
                 # each command). Only now: until its exec init shared our memory, and the
@@ -249,7 +255,7 @@ class _Core:
 
     def recv_with_fds(self) -> tuple[p.Reply | None, list[int]]:
         try:
-            data, fds, flags, _addr = socket.recv_fds(self.sock, p.MAX_MSG, 4)
+            data, fds, flags, _addr = socket.recv_fds(self.sock, p.MAX_MSG, 2 + net.MAX_UPSTREAMS)
         except (BlockingIOError, InterruptedError):
             raise
         except OSError:
@@ -372,6 +378,9 @@ class _Core:
             try:
                 self.kill_all()
             finally:
+                if self.egress is not None:
+                    self.egress.close()
+                    self.egress = None
                 if self.sock is not None:
                     self.sock.close()
                     self.sock = None
@@ -438,6 +447,11 @@ class _Facts:
     def init_pid(self) -> int:
         """Host pid of the sandbox's init."""
         return self._core.pid
+
+    def egress_record(self):
+        """What the agent reached through the egress proxy so far (a frozen
+        karotte.egress.EgressRecord), or None with network "none"."""
+        return self._core.egress.record() if self._core.egress is not None else None
 
 
 class Sandbox(_Facts):

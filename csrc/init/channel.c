@@ -33,23 +33,30 @@ void out_u32(struct out *o, uint32_t tag, uint32_t v) { out_rec(o, tag, &v, size
 
 int out_send(struct out *o, int fd_to_pass)
 {
+    return out_send_fds(o, &fd_to_pass, fd_to_pass >= 0 ? 1 : 0);
+}
+
+int out_send_fds(struct out *o, const int *fds, int nfds)
+{
     struct iovec iov = {o->buf, o->len};
     struct msghdr mh = {0};
     union {
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(sizeof(int) * (1 + MAX_LISTEN))];
         struct cmsghdr align;
     } ctl;
     mh.msg_iov = &iov;
     mh.msg_iovlen = 1;
-    if (fd_to_pass >= 0) {
+    if (nfds > 1 + MAX_LISTEN)
+        return -1;
+    if (nfds > 0) {
         memset(&ctl, 0, sizeof(ctl));
         mh.msg_control = ctl.buf;
-        mh.msg_controllen = sizeof(ctl.buf);
+        mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
         struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &fd_to_pass, sizeof(int));
+        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
     }
     ssize_t n;
     do

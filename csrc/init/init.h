@@ -30,6 +30,7 @@
 #define LAYER "/layer"     /* on an image: the tmpfs of its upper and work, in the staging root */
 #define MAX_EXECS 64
 #define MAX_RLIMITS 16
+#define MAX_LISTEN 4 /* egress listeners: the forward proxy and up to 3 upstreams */
 #define MAX_FDS 8 /* stdin, stdout, stderr and up to 5 more for the command (3, 4, ...) */
 
 struct config {
@@ -65,6 +66,7 @@ void out_init(struct out *o, uint32_t type, uint32_t id);
 void out_rec(struct out *o, uint32_t tag, const void *data, uint32_t len);
 void out_u32(struct out *o, uint32_t tag, uint32_t v);
 int out_send(struct out *o, int fd_to_pass);
+int out_send_fds(struct out *o, const int *fds, int nfds);
 void send_error(uint32_t type, uint32_t id, uint32_t step, int err, const char *fmt, ...);
 void __attribute__((noreturn)) setup_fail(uint32_t step, const char *fmt, ...);
 int next_record(const char **pos, const char *end, uint32_t *tag, const char **data,
@@ -77,7 +79,10 @@ void do_mount(const struct kp_mount *m, const char *src, const char *dst, uint32
 void enter_root(void);
 
 /* net.c */
+int set_listeners(const char *data, uint32_t len);
 void bring_up_loopback(void);
+int ready_fds(int ws, int *fds);
+void close_listeners(void);
 
 /* agent.c */
 int drop_bounding_set(uint64_t keep);

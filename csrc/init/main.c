@@ -65,7 +65,9 @@ static void apply_config(const char *msg, size_t len)
             if (cfg.agent_caps & ~KP_ROOT_CAPS)
                 goto bad;
             break;
-        case KT_LOOPBACK:
+        case KT_LOOPBACK: /* u32 ports of the egress listeners, if any (csrc/init/net.c) */
+            if (set_listeners(data, rlen) < 0)
+                goto bad;
             cfg.loopback = 1;
             break;
         case KT_MOUNT: {
@@ -190,9 +192,11 @@ int main(void)
         setup_fail(KS_WORKSPACE, "open /workspace");
     struct out o;
     out_init(&o, KP_READY, 0);
-    if (out_send(&o, ws) < 0)
+    int ready[1 + MAX_LISTEN];
+    if (out_send_fds(&o, ready, ready_fds(ws, ready)) < 0)
         _exit(1);
     close(ws);
+    close_listeners();
     serve();
     return 0;
 }

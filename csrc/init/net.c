@@ -1,11 +1,48 @@
-/* The sandbox's network: its own namespace with only lo, brought up. */
+/* The sandbox's network: its own namespace with only lo, brought up, and the egress
+ * listeners (karotte/net.py) made on it before any agent code runs. */
+#include <arpa/inet.h>
+#include <errno.h>
 #include <net/if.h>
+#include <netinet/in.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "init.h"
+
+static uint32_t listen_ports[MAX_LISTEN];
+static int listen_fds[MAX_LISTEN];
+static int n_listen;
+
+/* KT_LOOPBACK's payload: the ports of the listeners, u32 each (none for network "none"). */
+int set_listeners(const char *data, uint32_t len)
+{
+    if (len % 4 != 0 || len / 4 > MAX_LISTEN)
+        return -1;
+    n_listen = (int)(len / 4);
+    memcpy(listen_ports, data, len);
+    for (int i = 0; i < n_listen; i++)
+        if (listen_ports[i] == 0 || listen_ports[i] > 65535)
+            return -1;
+    return 0;
+}
+
+/* A listening TCP socket on 127.0.0.1:port of this namespace. The host serves it: an
+ * agent connecting here reaches the host-side proxy, and nothing else, since this
+ * namespace has no route out. No SO_REUSEPORT: no agent socket can share the port. */
+static int make_listener(uint32_t port)
+{
+    struct sockaddr_in addr = {0};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0 || bind(s, (struct sockaddr *)&addr, sizeof(addr)) < 0 || listen(s, 128) < 0)
+        setup_fail(KS_LOOPBACK, "listen on 127.0.0.1:%u", port);
+    return s;
+}
 
 void bring_up_loopback(void)
 {
@@ -20,4 +57,22 @@ void bring_up_loopback(void)
     if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
         setup_fail(KS_LOOPBACK, "bring lo up");
     close(s);
+    for (int i = 0; i < n_listen; i++)
+        listen_fds[i] = make_listener(listen_ports[i]);
+}
+
+/* The fds KP_READY carries: the workspace's, then the listeners in KT_LOOPBACK's order. */
+int ready_fds(int ws, int *fds)
+{
+    fds[0] = ws;
+    memcpy(fds + 1, listen_fds, sizeof(int) * (size_t)n_listen);
+    return 1 + n_listen;
+}
+
+/* Once they are the host's: init keeps no copy an agent's process could accept on. */
+void close_listeners(void)
+{
+    for (int i = 0; i < n_listen; i++)
+        close(listen_fds[i]);
+    n_listen = 0;
 }

@@ -23,6 +23,7 @@ import threading
 import tty
 
 from .. import __version__, gc, lifecycle
+from ..egress.policy import EgressConfigError, parse_policy
 from ..errors import KarotteError
 from ..results import ExecResult
 from ..spec import AGENT_USERS, Bind, BindError, SandboxSpec, SpecError, parse_size
@@ -63,7 +64,11 @@ def _spec_from_args(args: argparse.Namespace, timeout: float | None = None) -> S
     if timeout is not None and "timeout" not in given:
         given["timeout"] = timeout
     try:
-        spec = SandboxSpec(network=args.net, binds=_binds(args), image=args.image,
+        network = parse_policy(args.allow) if args.allow else args.net
+    except EgressConfigError as exc:
+        raise ValueError(f"--allow: {exc}") from None
+    try:
+        spec = SandboxSpec(network=network, binds=_binds(args), image=args.image,
                            agent_user=args.agent_user, **given)
     except SpecError as exc:
         if exc.field == "image":
@@ -142,6 +147,9 @@ def _add_limit_options(p: argparse.ArgumentParser, timeout_default: float) -> No
                         "the file-ownership capabilities, for package managers and chown)")
     p.add_argument("--net", choices=["none"], default="none",
                    help="network: none = a private network namespace with loopback only")
+    p.add_argument("--allow", action="append", default=[], metavar="HOST[:PORT]",
+                   help="reach HOST (NAME, *.SUFFIX, an IP address; ports 80 and 443 unless "
+                        "given) through the host-side egress proxy; repeatable (docs/egress.md)")
     p.add_argument("--bind", action="append", default=[], metavar="SRC:DST[:ro|rw]",
                    help="make a host path visible inside, read-only unless :rw; repeatable. "
                         "DST may be /workspace (the host directory replaces the workspace) "
@@ -265,8 +273,10 @@ def cmd_exec(args: argparse.Namespace) -> int:
         with sandbox:
             result = sandbox.exec(args.command, stdin=stdin, env=env, cwd=cwd,
                                   on_output=None if args.json else stream)
+            egress = sandbox.egress_record()
         if args.json:
-            print(json.dumps(_result_json(result)), flush=True)
+            print(json.dumps({**_result_json(result), **(
+                {"egress": egress.to_dict()} if egress is not None else {})}), flush=True)
     except BrokenPipeError:
         return _stdout_gone()
     except KarotteError as exc:  # the sandbox broke under the command

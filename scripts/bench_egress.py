@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""The egress proxy beside a direct connection, and where the proxy should run.
+
+    scripts/bench_egress.py [--megabytes 200] [--requests 2000] [--cycles 50] [--json FILE]
+
+All traffic is on 127.0.0.1: a file server in a process of its own, curl and Python
+clients, and the proxy (karotte.egress.EgressProxy) in one of two places:
+
+- thread: EgressProxy, a thread with its own event loop in this process (net.py's default);
+- process: EgressProcess, the same proxy in a child process of its own.
+
+Each is measured with this process idle, and with a "trainer" thread busy in pure Python
+beside it (the GIL is what a trainer's own load could take from the proxy's thread).
+
+Cases: download (curl, --megabytes through each path, best of 3), latency (sequential
+small GETs on one kept-alive connection, per-request medians), sandbox (create + exec +
+destroy, network "none" against a proxy policy, medians of --cycles).
+"""
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import benchlib  # noqa: F401 - before karotte: it puts this checkout's karotte on sys.path
+from karotte.egress import (EgressLimits, EgressProcess, EgressProxy, parse_policy,
+                            static_resolver)
+
+UNLIMITED = EgressLimits(bytes_per_second=None, max_bytes=None)
+NAME = "files.test"
+
+
+class _Files(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # a head and a body in two writes: no delayed ACK
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):  # /N: N bytes
+        size = int(self.path.strip("/") or 0)
+        self.send_response(200)
+        self.send_header("Content-Length", str(size))
+        self.end_headers()
+        block = bytes(1 << 20)
+        while size:
+            n = min(size, len(block))
+            self.wfile.write(block[:n])
+            size -= n
+
+
+def serve_files() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
+    print(server.server_address[1], flush=True)
+    server.serve_forever()
+
+
+def _listener() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return sock
+
+
+def _child(*args: str) -> tuple[subprocess.Popen, int]:
+    child = subprocess.Popen([sys.executable, __file__, *args], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    return child, int(child.stdout.readline())
+
+
+class Busy:
+    """A trainer thread that computes in pure Python, holding the GIL as it may."""
+
+    def __init__(self):
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        x = 0
+        while not self.stop.is_set():
+            for i in range(10000):
+                x += i * i
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+def download(proxy: str | None, port: int, megabytes: int) -> float:
+    """MB/s of curl fetching megabytes, best of 3."""
+    url = f"http://{NAME if proxy else '127.0.0.1'}:{port}/{megabytes * 10**6}"
+    best = 0.0
+    for _ in range(3):
+        t = time.perf_counter()
+        subprocess.run(["curl", "-sS", "-o", "/dev/null", *(["-x", proxy] if proxy else []),
+                        url], check=True)
+        best = max(best, megabytes / (time.perf_counter() - t))
+    return best
+
+
+def latency(proxy_port: int | None, port: int, requests: int) -> float:
+    """Median ms per small GET on one kept-alive connection, measured by a client in a
+    process of its own (one in this process would share the busy trainer's GIL)."""
+    child = subprocess.run([sys.executable, __file__, "--latency-client",
+                            f"{proxy_port or 0},{port},{requests}"],
+                           capture_output=True, text=True, check=True)
+    return float(child.stdout)
+
+
+def latency_client(proxy_port: int | None, port: int, requests: int) -> float:
+    sock = socket.create_connection(("127.0.0.1", proxy_port or port))
+    target = f"http://{NAME}:{port}/16" if proxy_port else "/16"
+    request = f"GET {target} HTTP/1.1\r\nHost: {NAME}:{port}\r\n\r\n".encode()
+    times = []
+    buffer = b""
+    for _ in range(requests):
+        t = time.perf_counter()
+        sock.sendall(request)
+        while b"\r\n\r\n" not in buffer or len(buffer.split(b"\r\n\r\n", 1)[1]) < 16:
+            buffer += sock.recv(65536)
+        buffer = buffer.split(b"\r\n\r\n", 1)[1][16:]
+        times.append((time.perf_counter() - t) * 1000)
+    sock.close()
+    return statistics.median(times)
+
+
+def sandbox_cycles(cycles: int, port: int) -> dict[str, float]:
+    from karotte import net
+    from karotte.sandbox import Sandbox
+    from karotte.spec import SandboxSpec
+    net.use_egress_proxy(EgressProxy(static_resolver({NAME: ["127.0.0.1"]})))
+    specs = {"none": SandboxSpec(),
+             "proxy": SandboxSpec(network=parse_policy([f"{NAME}:{port}",
+                                                       f"127.0.0.1:{port}"]))}
+    times: dict[str, list[float]] = {label: [] for label in specs}
+    for i in range(cycles + 3):  # interleaved, so that the host's other load hits both
+        for label, spec in specs.items():
+            t = time.perf_counter()
+            with Sandbox(spec) as sb:
+                sb.exec(["true"])
+            if i >= 3:  # the first ones warm the cgroup pool and the plan cache
+                times[label].append((time.perf_counter() - t) * 1000)
+    out = {label: statistics.median(v) for label, v in times.items()}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--megabytes", type=int, default=200)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--cycles", type=int, default=50)
+    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--serve-files", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--latency-client", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.latency_client:
+        proxy_port, port, requests = map(int, args.latency_client.split(","))
+        print(latency_client(proxy_port or None, port, requests))
+        return 0
+    if args.serve_files:
+        serve_files()
+        return 0
+    files, port = _child("--serve-files")
+    thread_proxy = EgressProxy(static_resolver({NAME: ["127.0.0.1"]}))
+    sock = _listener()
+    thread_proxy.serve(parse_policy([f"{NAME}:{port}", f"127.0.0.1:{port}"], limits=UNLIMITED),
+                       proxy=sock)
+    thread_port = sock.getsockname()[1]
+    process = EgressProcess({NAME: ["127.0.0.1"]})
+    sock = _listener()
+    process_port = sock.getsockname()[1]
+    process.serve(parse_policy([f"{NAME}:{port}", f"127.0.0.1:{port}"], limits=UNLIMITED),
+                  proxy=sock)
+    rows = {}
+    try:
+        for where, pport in (("direct", None), ("thread", thread_port),
+                             ("process", process_port)):
+            for load in ("idle", "busy trainer"):
+                proxy = f"http://127.0.0.1:{pport}" if pport else None
+                if load == "idle":
+                    mbs, ms = download(proxy, port, args.megabytes), latency(pport, port,
+                                                                            args.requests)
+                else:
+                    with Busy():
+                        mbs, ms = download(proxy, port, args.megabytes), latency(
+                            pport, port, args.requests)
+                rows[f"{where}, {load}"] = {"MB/s": round(mbs), "ms/request": round(ms, 3)}
+                print(f"{where:8} {load:13} {mbs:7.0f} MB/s  {ms:.3f} ms/request",
+                      file=sys.stderr, flush=True)
+        cycles = sandbox_cycles(args.cycles, port)
+    finally:
+        process.close()
+        files.kill()
+        files.wait()
+        thread_proxy.close()
+    direct = rows["direct, idle"]
+    result = {"machine": benchlib.machine_line(benchlib.machine()), "paths": rows,
+              "sandbox_ms": cycles,
+              "goals": {
+                  "throughput through the thread >= 50% of direct":
+                      rows["thread, idle"]["MB/s"] / direct["MB/s"],
+                  "added latency per request < 1 ms (median)":
+                      rows["thread, idle"]["ms/request"] - direct["ms/request"],
+                  "create+exec+destroy with the proxy < 0.5 ms more":
+                      cycles["proxy"] - cycles["none"]}}
+    print(json.dumps(result, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
