@@ -12,14 +12,28 @@ ffibuilder.cdef(
                       int child_fd, int cgroup_fd, char *const tasks[],
                       const char *freezer_state, uint64_t ns_flags, int64_t owner_uid,
                       int64_t owner_gid, int *pidfd_out, int *step_out);
+
+    struct kx_budget {
+        int64_t max_entries, max_bytes, max_file_size, max_depth, max_path_bytes;
+    };
+    struct kx_count { int64_t entries, read, total; };
+    struct kx_done {
+        uint64_t ino; int64_t size; uint32_t name_off, name_len; uint32_t is_file;
+        uint8_t sha256[32];
+    };
+    int64_t karotte_extract_run(const uint8_t *buf, size_t len, int dir_fd,
+                                const uint8_t *dir_path, size_t dir_path_len, int chown_ids,
+                                const struct kx_budget *budget, struct kx_count *count,
+                                struct kx_done *done, size_t max_done, size_t *n_done);
     """
 )
 ffibuilder.set_source(
     "karotte._native",
-    '#include "spawn.h"',
-    sources=[f"{CSRC}/spawn.c"],
+    '#include "spawn.h"\n#include "extract.h"',
+    sources=[f"{CSRC}/spawn.c", f"{CSRC}/extract.c"],
     include_dirs=[CSRC],
-    depends=[f"{CSRC}/spawn.h", f"{CSRC}/protocol.h"],
+    depends=[f"{CSRC}/spawn.h", f"{CSRC}/protocol.h", f"{CSRC}/extract.h"],
+    libraries=["crypto"],  # extract.c's sha256: OpenSSL's, as hashlib's
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-D_GNU_SOURCE"],
 )
 

@@ -98,7 +98,9 @@ def test_the_profile_names_where_the_time_goes(quick):
     assert all(t["own_seconds"] > 0 and t["calls"] > 0 for t in case["top"])
     shares = sum(g["share"] for g in case["groups"])
     assert 0.99 < shares < 1.01
-    assert any(t["function"].startswith("<method 'update' of '_hashlib") for t in case["top"])
+    assert any(t["function"].startswith(("<method 'update' of '_hashlib",  # or it runs in C:
+                                         "<built-in method karotte._native.karotte_extract_run"))
+               for t in case["top"])
 
 
 def test_summary_has_the_machine_the_rows_and_the_goals(quick):

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from karotte.images import fastpath
 from karotte.images.extract import (EXTENDED_HEADER_LIMIT, RULES, LayerBudget, LayerError,
-                                    TreeEntry, apply_layer, manifest)
+                                    TreeEntry, apply_layer, image_ids, manifest)
 from karotte.images.tarstream import TarReader
 from karotte.scan import escape
 
@@ -671,3 +672,89 @@ def test_the_tar_reader_applies_global_pax_headers_to_later_members():
     assert [(m[0], m[4], m[7]) for m in _members_by_tarstream(data)] == \
         [(m[0], m[4], m[7]) for m in _members_by_tarfile(data)] == [(b"f", 77, 1234),
                                                                     (b"g", 77, 1234)]
+
+
+# -- the C fast path (csrc/extract.c) against extract.py's own steps
+
+needs_native = pytest.mark.skipif(not fastpath.AVAILABLE,
+                                  reason="karotte._native is not built (pip install -e .)")
+
+
+def _outcome(data: bytes, base: Path, native: bool, ids=None) -> tuple:
+    """What applying data as two layers (the second the first again: every name there)
+    gives: the rule refused, or the tree's manifest."""
+    base.mkdir()
+    t = Tree(base)
+    hashes: dict = {}
+    try:
+        total = 0
+        for _ in range(2):
+            total = apply_layer(io.BytesIO(data), t.fd, hashes=hashes, tree_bytes=total,
+                                native=native, ids=ids,
+                                budget=LayerBudget(max_bytes=1 << 20, max_file_size=1 << 20))
+        return ("tree", manifest(t.fd, hashes), manifest(t.fd))
+    except LayerError as exc:
+        return ("refused", exc.rule)
+    finally:
+        os.close(t.fd)
+        t.untouched()
+
+
+def _many_entries() -> list[tuple]:
+    members = []
+    for d in range(6):
+        members.append(folder(f"d{d}", 0o755 - d))
+        for f in range(30):
+            members.append(reg(f"d{d}/f{f}", os.urandom(f * 37), 0o600 + f, mtime=1_000 + f))
+        members += [sym(f"d{d}/s", "f1"), sym(f"d{d}/abs", "/etc/passwd"),
+                    reg(f"d{d}/sub/deeper", b"y"), reg(f"./d{d}/dot", b"z"),
+                    reg(f"d{d}/f3", b"again: replaced")]
+    return members
+
+
+@needs_native
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT,
+                                 tarfile.PAX_FORMAT])
+def test_the_c_fast_path_makes_the_tree_extract_py_makes(tmp_path, fmt):
+    data = layer(*_many_entries(), fmt=fmt).getvalue()
+    fast = _outcome(data, tmp_path / "fast", True)
+    assert fast[0] == "tree" and fast == _outcome(data, tmp_path / "slow", False)
+    assert fast[1] == fast[2]  # the hashes taken from extraction are the files' own
+
+
+@needs_native
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown to the image's ids)")
+def test_the_c_fast_path_gives_the_images_ids_as_image_ids_does(tmp_path):
+    members = [reg("f", b"x", uid=7, gid=8), reg("g", b"y", uid=70_000, gid=9),
+               sym("s", "f"), *_many_entries()]
+    data = layer(*members).getvalue()
+    fast = _outcome(data, tmp_path / "fast", True, ids=image_ids)
+    assert fast == _outcome(data, tmp_path / "slow", False, ids=image_ids)
+    owners = {e.path: (e.uid, e.gid) for e in fast[1]}
+    assert owners["f"] == (7, 8) and owners["g"] == (65534, 9)
+
+
+@needs_native
+def test_IMG_TAR_01_the_c_fast_path_refuses_what_extract_py_refuses_under_mutation(tmp_path):
+    # The same 400-case mutation as above, each layer applied with and without the C run:
+    # the same refusal (by rule) or the same tree, and nothing outside it touched.
+    good = layer(*_many_entries()[:40], reg("d0/.wh.f2"), reg("../x", b"out"),
+                 fmt=tarfile.USTAR_FORMAT).getvalue()
+    with tarfile.open(fileobj=io.BytesIO(good)) as tar:
+        headers = [m.offset for m in tar.getmembers()]
+    rng = random.Random(11)
+    for i in range(400):
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 4)):
+            at = rng.choice(headers) + rng.randrange(512) if rng.random() < 0.9 else \
+                rng.randrange(len(data))
+            data[at] = rng.choice([0, 0x2F, 0x2E, 0x30, 0x32, 0x35, 0x37, 0x77, 0x68, 0x80,
+                                   0xFF, rng.randrange(256)])
+            if rng.random() < 0.8:
+                _fix_checksum(data, at - at % 512)
+        fast = _outcome(bytes(data), tmp_path / f"fast{i}", True)
+        slow = _outcome(bytes(data), tmp_path / f"slow{i}", False)
+        assert fast == slow, i
+        for which in ("fast", "slow"):
+            subprocess.run(["chmod", "-R", "u+rwx", tmp_path / f"{which}{i}"], check=True)
+            shutil.rmtree(tmp_path / f"{which}{i}")

@@ -64,6 +64,7 @@ from ..results import capped, escape
 # RULES, LayerError, TreeEntry and manifest are re-exported: extract's names since it began.
 from .tree import (DIR_FLAGS, RULES, FileHashes, LayerError, TreeEntry, join, lstat_at, manifest,
                    sorted_names)
+from . import fastpath
 from .tarstream import (BLOCKDEV, CHARDEV, DIRECTORY, EXTENDED_HEADER_LIMIT, FIFO, HARDLINK,
                         SYMLINK, Member, TarError, TarReader)
 from .whiteout import AUFS_META, WHITEOUT, Whiteouts
@@ -99,8 +100,11 @@ class _Layer(Whiteouts):
 
     def __init__(self, root_fd: int, budget: LayerBudget,
                  ids: Callable[[int, int], tuple[int, int]] | None,
-                 hashes: dict[int, tuple[int, str]] | None):
+                 hashes: dict[int, tuple[int, str]] | None, native: bool):
         self.budget, self.ids = budget, ids
+        # Plain entries in C, where it is built and owners are None's or image_ids'.
+        self.fast = fastpath.Run(budget, 0, 0, 0) if (
+            native and fastpath.AVAILABLE and ids in (None, image_ids)) else None
         self.hashes = None if hashes is None else FileHashes(hashes)
         self.unprivileged = os.geteuid() != 0
         self.root = os.open(".", DIR_FLAGS, dir_fd=root_fd)  # our own fd and offset
@@ -138,6 +142,8 @@ class _Layer(Whiteouts):
             raise self.refuse("IMG-WRITE-01", f"measuring the tree: {exc.strerror}") from None
         tar = TarReader(stream)
         while True:
+            if self.fast is not None and tar.plain():
+                self._fast(tar)
             try:
                 member = tar.next()
             except _TAR_ERRORS as exc:
@@ -159,6 +165,29 @@ class _Layer(Whiteouts):
         except OSError as exc:
             raise self.refuse("IMG-WRITE-01", f"at the end of the layer: {exc.strerror}") \
                 from None
+
+    def _fast(self, tar: TarReader) -> None:
+        """The plain entries that follow, in the directory of the entry before, applied
+        by csrc/extract.c (karotte/images/fastpath.py); it leaves the rest to _entry."""
+        assert self.fast is not None
+        view = tar.pending()
+        if len(view) < 1024:
+            return
+        dirs = [name for name, _ in self.chain]
+        try:
+            consumed, done, self.entries, self.read, self.total = self.fast.apply(
+                view, self.chain[-1][1] if self.chain else self.root, b"/".join(dirs),
+                self.ids is not None, self.entries, self.read, self.total)
+        finally:
+            view.release()
+        tar.consume(consumed)
+        for entry in done:
+            path = join(dirs, entry.name)
+            self._add(path)
+            if entry.sha256 is not None and self.hashes is not None:
+                self.hashes.record(entry.ino, entry.size, entry.sha256)
+        if done:
+            self.raw = path
 
     def _parts(self, raw: bytes, rule: str, what: str) -> list[bytes]:
         """raw's components, or a refusal: absolute, '..', NUL, too long, too deep."""
@@ -531,10 +560,16 @@ class _Layer(Whiteouts):
                 os.close(fd)
 
 
+def image_ids(uid: int, gid: int) -> tuple[int, int]:
+    """The image's own ids, those of 65536 and over becoming nobody (65534): the store's
+    owners as root, which csrc/extract.c gives plain entries itself."""
+    return (uid if uid < 65536 else 65534, gid if gid < 65536 else 65534)
+
+
 def apply_layer(stream: BinaryIO, root_fd: int, *, budget: LayerBudget = LayerBudget(),
                 ids: Callable[[int, int], tuple[int, int]] | None = None,
                 hashes: dict[int, tuple[int, str]] | None = None,
-                tree_bytes: int | None = None) -> int:
+                tree_bytes: int | None = None, native: bool = True) -> int:
     """Apply one uncompressed layer tar read from stream (once, in order) onto the tree
     whose root directory fd is root_fd; root_fd is not closed.
 
@@ -549,8 +584,12 @@ def apply_layer(stream: BinaryIO, root_fd: int, *, budget: LayerBudget = LayerBu
 
     Returns the bytes of the regular files in the tree after the layer (each inode once),
     which the next layer's call may take as tree_bytes instead of measuring the tree.
+
+    native: runs of plain entries (files and symlinks in the directory of the entry
+    before) go to csrc/extract.c where the extension is built and ids is None or
+    image_ids; False applies every entry here (the tree is the same).
     """
-    layer = _Layer(root_fd, budget, ids, hashes)
+    layer = _Layer(root_fd, budget, ids, hashes, native)
     try:
         layer.run(stream, tree_bytes)
     finally:

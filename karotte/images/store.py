@@ -30,7 +30,7 @@ from typing import Callable, Iterator
 
 from . import oci, sources
 from .blobs import fsync_dir, remove, syncfs, write_file
-from .extract import LayerBudget
+from .extract import LayerBudget, image_ids
 from .layers import Building, Layers
 from .oci import ImageError, chain_ids
 from .tree import entry_dict, manifest, manifest_text
@@ -137,9 +137,7 @@ class Store:
             # them through an idmapped mount onto its user namespace (karotte/imageroot.py),
             # and no host user reaches the tree (the store is 0700).
             self.ids_key = "root"
-            self._ids: Callable[[int, int], tuple[int, int]] | None = (
-                lambda uid, gid: (uid if uid < 65536 else NOBODY,
-                                  gid if gid < 65536 else NOBODY))
+            self._ids: Callable[[int, int], tuple[int, int]] | None = image_ids
         else:
             self.ids_key, self._ids = f"uid{os.getuid()}", None
         self.layers = Layers(self.root, self.budget, self._ids)

@@ -143,6 +143,22 @@ class TarReader:
             size -= len(view)
             yield view
 
+    def pending(self) -> memoryview:
+        """What is read and not yet taken, past the current member's data: for a caller
+        that applies whole members from it itself (and says how much with consume), where
+        no global pax header applies (plain() is then True)."""
+        self._skip(self._left)
+        self._left = 0
+        return self._chunk[self._at:]
+
+    def plain(self) -> bool:
+        return not self._global
+
+    def consume(self, n: int) -> None:
+        if n:
+            self._at += n
+            self.started = True
+
     def next(self) -> Member | None:
         self._skip(self._left)
         self._left = 0

@@ -107,12 +107,20 @@ class FileHashes:
         else:
             self._queue.put((h, None, size, ino))
 
+    def record(self, ino: int, size: int, digest: str) -> None:
+        """A file hashed elsewhere (extract's fast path), in order with the rest."""
+        if self._thread is None:
+            self.hashes[ino] = (size, digest)
+        else:
+            self._queue.put((digest, None, size, ino))
+
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
             if item[1] is not None:
                 item[0].update(item[1])
             else:
-                self.hashes[item[3]] = (item[2], item[0].hexdigest())
+                digest = item[0] if isinstance(item[0], str) else item[0].hexdigest()
+                self.hashes[item[3]] = (item[2], digest)
 
     def close(self) -> None:
         """Every hash queued, done."""
