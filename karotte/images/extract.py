@@ -459,8 +459,12 @@ class _Layer(Whiteouts):
         fd = self._open_dir(parent, name, path)
         try:
             self._own(fd, m)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        # Kept as the last of the chain: the entries a tar lists after a directory are
+        # mostly its own, and the next entry's _parent closes it where they are not.
+        self.chain.append((name, fd))
         self.dirs[path] = (stat.S_IMODE(m.mode) & ~0o6000, self._mtime(m))
         self._add(path)
 
