@@ -42,6 +42,11 @@ Why a layer cannot write outside the tree or plant anything the tree must not ho
   LayerError (IMG-TAR-01); so does an entry the host cannot write (IMG-WRITE-01). Nothing but
   LayerError comes out of what a tar contains. ids's own exceptions pass through.
 
+Runs of plain entries (a file or a symlink in the directory of the entry before) are
+applied by csrc/extract.c where karotte._native is built (karotte/images/fastpath.py): it
+stops, consuming nothing, at whatever these rules must look at, which is then applied
+here; the tree is the same either way (apply_layer's native=False).
+
 Modes and owners: files keep their permission bits (minus setuid, setgid, sticky),
 directories what the tar says (minus setuid, setgid), set with fchmod on our own fd;
 owners come from ids (fchown, or lchown for symlinks); mtimes from the tar, set on the fd
