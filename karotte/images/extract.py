@@ -66,16 +66,16 @@ from dataclasses import dataclass
 from typing import BinaryIO, Callable
 
 from ..results import capped, escape
-# RULES, LayerError, TreeEntry and manifest are re-exported: extract's names since it began.
-from .tree import (DIR_FLAGS, RULES, FileHashes, LayerError, TreeEntry, join, lstat_at, manifest,
-                   sorted_names)
+# Re-exported: RULES, LayerError, TreeEntry, manifest (extract's since it began), image_ids.
+from .tree import (DIR_FLAGS, RULES, FileHashes, LayerError, TreeEntry, image_ids, join,
+                   lstat_at, manifest, sorted_names)
 from . import fastpath
 from .tarstream import (BLOCKDEV, CHARDEV, DIRECTORY, EXTENDED_HEADER_LIMIT, FIFO, HARDLINK,
                         SYMLINK, Member, TarError, TarReader)
 from .whiteout import AUFS_META, WHITEOUT, Whiteouts
 
 __all__ = ["LayerError", "LayerBudget", "TreeEntry", "RULES", "EXTENDED_HEADER_LIMIT",
-           "apply_layer", "manifest"]
+           "apply_layer", "image_ids", "manifest"]
 
 _ENTRY_TEXT_LIMIT = 1024  # bytes of JSON of the entry a LayerError names
 
@@ -567,12 +567,6 @@ class _Layer(Whiteouts):
                     os.utime(fd, ns=(mtime, mtime))
             finally:
                 os.close(fd)
-
-
-def image_ids(uid: int, gid: int) -> tuple[int, int]:
-    """The image's own ids, those of 65536 and over becoming nobody (65534): the store's
-    owners as root, which csrc/extract.c gives plain entries itself."""
-    return (uid if uid < 65536 else 65534, gid if gid < 65536 else 65534)
 
 
 def apply_layer(stream: BinaryIO, root_fd: int, *, budget: LayerBudget = LayerBudget(),

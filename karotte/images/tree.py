@@ -130,6 +130,12 @@ class FileHashes:
             self._thread = None
 
 
+def image_ids(uid: int, gid: int) -> tuple[int, int]:
+    """The image's own ids, those of 65536 and over becoming nobody (65534): the store's
+    owners as root, which csrc/extract.c gives plain entries itself."""
+    return (uid if uid < 65536 else 65534, gid if gid < 65536 else 65534)
+
+
 def lstat_at(name: bytes, dir_fd: int) -> os.stat_result | None:
     try:
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
