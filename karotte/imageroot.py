@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from . import imageref, images
-from .errors import HostUnsupported
+from .errors import HostUnsupported, SandboxError
 from .seccomp import SYSCALL_NUMBERS
 from .spec import SandboxSpec
 
@@ -64,7 +64,21 @@ def resolve_root(spec: SandboxSpec, leases: contextlib.ExitStack) -> ImageRoot |
     if tree == "/":
         raise ValueError(f"image {spec.image} resolves to /, the host's own root; name a "
                          f"tree of its own")
+    _check_owner(spec.image, tree)
     return ImageRoot(tree)
+
+
+def _check_owner(image: str, tree: str) -> None:
+    """An unprivileged caller's sandbox maps only the caller's ids, and its root is the
+    caller: a tree of anyone else's would show nobody's files, and the first write (a copy-up
+    that must give the copy an owner the upper can hold) would fail. Refused up front."""
+    uid = os.geteuid()
+    owner = os.stat(tree).st_uid
+    if uid != 0 and owner != uid:
+        raise SandboxError(f"image {image}: {tree} belongs to uid {owner}, and this "
+                           f"unprivileged caller (uid {uid}) maps only its own ids into the "
+                           f"sandbox: the tree must be the caller's own (chown -R), or run "
+                           f"Karotte as root, whose trees are idmapped")
 
 
 def _syscall(name: str, *args) -> int:
