@@ -167,22 +167,23 @@ class _Core:
             raise
 
     def _send_config(self, ident) -> None:
-        """The plan, and on an image for a root caller the tree idmapped onto the sandbox's
-        user namespace (an unprivileged caller's init binds the tree itself)."""
-        tree = self.root.tree if self.root is not None else None
-        config = plan.config_message(self.spec, ident, tree)
-        if tree is None or ident.nested:
+        """The plan, and on an image for a root caller its lowers idmapped onto the sandbox's
+        user namespace (an unprivileged caller's init binds them itself)."""
+        root = self.root
+        config = plan.config_message(self.spec, ident, root and root.tree, root and root.changes)
+        if root is None or ident.nested:
             self.send(config, [])
             return
         userns = os.open(f"/proc/{self.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            tree_fd = imageroot.idmapped_tree(tree, userns)
+            lowers = imageroot.lower_fds(root, userns)
         finally:
             os.close(userns)
         try:
-            self.send(config, [tree_fd])
+            self.send(config, lowers)
         finally:
-            os.close(tree_fd)
+            for fd in lowers:
+                os.close(fd)
 
     def _make_cgroup(self) -> cgroups.Cgroup | None:
         spec = self.spec

@@ -22,7 +22,7 @@ from conftest import needs_sandbox
 from karotte.changes import OPAQUE, scan_changes
 from karotte.sandbox import AGENT_UID, AsyncSandbox, Sandbox
 from karotte.scan import COPY_TIME, VIOLATIONS_KEPT, ScanLimits
-from karotte.spec import Bind, SandboxSpec
+from karotte.spec import Bind, SandboxSpec, SpecError
 from karotte.userns import uid_base
 
 pytestmark = [needs_sandbox(), pytest.mark.cgroup2,
@@ -293,3 +293,104 @@ def test_an_id_outside_the_sandboxes_is_rejected(upper, dest):
     os.chown(os.path.join(path, "f"), 1234, 1234)  # a host id, no sandbox's
     result = scan_changes(fd, dest, ScanLimits())
     assert kinds(result) == {"/f": "unmapped-owner"}
+
+
+# --------------------------------------------------------------------------- laid over the image
+
+
+def test_changes_need_an_image_and_name_the_fix():
+    with pytest.raises(SpecError) as info:
+        SandboxSpec(changes="/srv/diff")
+    assert info.value.field == "changes" and "SandboxSpec(image=..., changes=...)" in str(info.value)
+    for bad in ("relative/diff", "/srv/../diff", "/", 7):
+        with pytest.raises(SpecError):
+            SandboxSpec(image="dir:/srv/tree", changes=bad)
+    with pytest.raises(FileNotFoundError, match="scan_changes filled"):
+        Sandbox(SandboxSpec(image="dir:/srv/tree-that-is-not-there-either",
+                            changes="/nonexistent/karotte-diff"))
+
+
+def test_DIFF_READBACK_01_a_vetted_diff_reads_back_over_the_image_in_a_new_sandbox(
+        image, dest, attack_tree, no_leaks):
+    script = ("set -e; echo conf > /etc/app.conf; chmod 640 /etc/app.conf; chown 0:33 /etc/app.conf; "
+              f"echo mine > /var/tmp/a; chown {AGENT_UID}:{AGENT_UID} /var/tmp/a; "
+              "rm /etc/debian_version; mkfifo /etc/x; echo more >> /etc/issue")
+    r, result = agent_diff(image, script, dest)
+    assert r.ok and kinds(result) == {"/etc/x": "fifo"}, (r, result)
+    with Sandbox(SandboxSpec(image=image, changes=dest)) as sb:
+        r = sb.exec(["/bin/sh", "-c", "stat -c '%a %u:%g' /etc/app.conf /var/tmp/a /var/tmp; "
+                                      "cat /var/tmp/a; tail -1 /etc/issue; "
+                                      "test -e /etc/debian_version || echo deleted; "
+                                      "test -e /etc/x || echo no-fifo; cat /etc/app.conf"])
+        assert r.stdout.decode().splitlines() == [
+            "640 0:33", f"644 {AGENT_UID}:{AGENT_UID}", "1777 0:0", "mine", "more", "deleted",
+            "no-fifo"], r  # 0640 root:www-data: the agent (uid 1000) may not read it
+        # The sandbox's own upper starts fresh on top, and writes over the diff copy it up.
+        assert sb.exec(["/bin/sh", "-c", "echo again >> /var/tmp/a && cat /var/tmp/a"]).stdout \
+            == b"mine\nagain\n"
+        sb.kill_all()
+        assert os.listdir(f"/proc/self/fd/{sb.upper_fd}") == ["var"]
+    assert os.path.exists(os.path.join(attack_tree, "etc/debian_version"))
+    with open(os.path.join(dest, "var/tmp/a")) as f:
+        assert f.read() == "mine\n"  # the diff is a lower: never written
+
+
+def test_DIFF_SYMLINK_01_a_sandbox_on_the_diff_still_runs_the_images_python3(
+        image, dest, no_leaks):
+    r, result = agent_diff(image, "ln -sf /bin/sh /usr/bin/python3 && rm /usr/bin/python3.11", dest)
+    assert r.ok and kinds(result) == {"/usr/bin/python3": "symlink"}, (r, result)
+    assert result.deleted == ("/usr/bin/python3.11",)
+    with Sandbox(SandboxSpec(image=image, changes=dest)) as sb:
+        # python3 is the image's link to python3.11, which the diff deletes: the link
+        # dangles, and nothing of the agent's runs in its place.
+        r = sb.exec(["/bin/sh", "-c", "readlink /usr/bin/python3; python3 -c 'print(1)'"])
+        assert r.stdout.startswith(b"python3.11\n") and r.exit_code == 127, r
+    shutil.rmtree(dest)
+    os.mkdir(dest)
+    r, result = agent_diff(image, "ln -sf /bin/sh /usr/bin/python3", dest)
+    with Sandbox(SandboxSpec(image=image, changes=dest)) as sb:
+        r = sb.exec(["python3", "-c", "import sys; print(sys.version_info[:2])"])
+        assert r.stdout == b"(3, 11)\n", r
+
+
+def test_DIFF_OPAQUE_01_a_replaced_directory_shows_only_the_new_contents(image, dest, no_leaks):
+    if not TMPFS_USER_XATTRS:
+        pytest.skip("before Linux 6.6 the upper cannot hold an opaque directory "
+                    "(test_DIFF_OPAQUE_01_a_directory_removed_and_made_again_...)")
+    script = "rm -rf /usr/share/doc/bash && mkdir /usr/share/doc/bash && echo n > /usr/share/doc/bash/new"
+    r, result = agent_diff(image, script, dest)
+    assert r.ok and result.replaced == ("/usr/share/doc/bash",), (r, result)
+    with Sandbox(SandboxSpec(image=image, changes=dest)) as sb:
+        assert sb.exec(["ls", "/usr/share/doc/bash"]).stdout == b"new\n"
+        assert sb.exec(["ls", "/usr/share/doc/dash"]).stdout != b""  # its sibling stays
+
+
+DEB_SCRIPT = """set -e
+mkdir -p /var/tmp/pkg/DEBIAN /var/tmp/pkg/usr/share/karotte-test
+cat > /var/tmp/pkg/DEBIAN/control <<EOF
+Package: karotte-test-pkg
+Version: 1.0
+Architecture: all
+Maintainer: Karotte <karotte@example.invalid>
+Description: a package the agent built
+EOF
+echo installed > /var/tmp/pkg/usr/share/karotte-test/marker
+dpkg-deb --build --root-owner-group /var/tmp/pkg /var/tmp/karotte-test.deb >/dev/null
+rm -rf /var/tmp/pkg
+dpkg -i /var/tmp/karotte-test.deb >/dev/null
+dpkg -s karotte-test-pkg | grep -q 'Status: install ok installed'
+"""
+
+
+def test_DIFF_DPKG_01_a_package_the_root_agent_installed_is_seen_over_the_diff(
+        image, dest, no_leaks):
+    r, result = agent_diff(image, DEB_SCRIPT, dest)
+    assert r.ok, r
+    assert "/var/lib/dpkg/status" in [f.path for f in result.files]
+    assert not [v for v in result.violations if v.path.startswith("/var/lib/dpkg/")], \
+        result.violations
+    with Sandbox(SandboxSpec(image=image, changes=dest)) as sb:
+        r = sb.exec(["/bin/sh", "-c", "dpkg -s karotte-test-pkg | grep Status; "
+                                      "cat /usr/share/karotte-test/marker; dpkg -L karotte-test-pkg"])
+        assert r.stdout.decode().splitlines()[:2] == ["Status: install ok installed", "installed"], r
+        assert b"/usr/share/karotte-test/marker" in r.stdout
