@@ -85,6 +85,8 @@ def test_the_upper_fd_is_an_images_and_outlives_the_kill_until_close(image, no_l
     with Sandbox(SandboxSpec()) as sb:
         assert sb.upper_fd is None  # the host's userland has no upper
     with Sandbox(SandboxSpec(image=image)) as sb:
+        # no program the trainer starts gets either
+        assert not os.get_inheritable(sb.upper_fd) and not os.get_inheritable(sb.workspace_fd)
         assert sh_ok(sb, "echo new > /var/tmp/new")
         sb.kill_all()
         fd = sb.upper_fd
