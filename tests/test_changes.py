@@ -24,7 +24,7 @@ import pytest
 from conftest import needs_sandbox
 from karotte.changes import OPAQUE, scan_changes
 from karotte.sandbox import AGENT_UID, AsyncSandbox, Sandbox
-from karotte.scan import COPY_TIME, VIOLATIONS_KEPT, ScanLimits
+from karotte.scan import COPY_TIME, VIOLATIONS_KEPT, ScanLimits, relation
 from karotte.spec import Bind, SandboxSpec, SpecError
 from karotte.userns import uid_base
 
@@ -233,6 +233,9 @@ def test_DIFF_FLOOD_01_a_flood_of_files_in_etc_stays_bounded(image, tmp_path, no
     assert result.complete and {v.kind for v in result.violations} == {"fifo"}
     assert len(result.violations) == VIOLATIONS_KEPT + 1 and result.violations_dropped == 2900
     assert "/etc/zz" in kinds(result)
+    # a diff's absolute paths meet a deliverable as a workspace's relative ones do
+    assert [v.path for v in result.violations if relation(v.path, "/etc/zz")] == ["/etc/zz"]
+    assert [v.path for v in result.violations if relation(v.path, "etc/zz")] == ["/etc/zz"]
     assert not budget.complete and kinds(budget)["/etc"] == "too-many-entries"
     assert len(budget.violations) == VIOLATIONS_KEPT  # the budget is one of them
 
