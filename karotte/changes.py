@@ -39,7 +39,7 @@ import errno
 import os
 import stat
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .results import ScanResult, capped, escape
 from .scan import (COPY_TIME, PATH_TEXT_LIMIT, RULE_MODE, Frame, ScanError, ScanLimits, Walk,
@@ -65,7 +65,7 @@ RULE_OVERLAY = "D3 overlay: an entry of the diff holds every byte and name it sh
 RULE_OWNER = "D2 owners: every id in the upper is one of the sandbox's"
 
 
-def _ids_inside():
+def _ids_inside() -> Callable[[int], int | None] | None:
     """host id -> the id the agent saw, for a root caller's sandbox (docs/userns.md: its ids
     from uid_base(), its agent's uid one of the namespace owners); None for an unprivileged
     caller, whose copy stays the caller's."""
