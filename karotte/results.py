@@ -29,6 +29,8 @@ VIOLATION_KINDS = frozenset({
     "hardlink", "setuid", "setgid", "sticky", "sparse", "file-too-large",
     "total-too-large", "too-many-entries", "too-deep", "name-too-long", "paths-too-long",
     "scan-timeout", "unreadable", "changed-during-scan", "invalid-name",
+    # the overlay's upper only (karotte/changes.py)
+    "overlay-metadata", "unmapped-owner",
 })
 
 
@@ -103,7 +105,8 @@ def capped(text: str, limit: int) -> str:
 class Violation:
     """One rejected entry or one budget that stopped the walk."""
 
-    path: str  # relative to the workspace root, escaped (see escape); "." is the root
+    path: str  # relative to the workspace root, escaped (see escape); "." is the root; in
+    # a filesystem diff (karotte/changes.py) absolute: "/etc/x", "/" the root
     kind: str  # one of VIOLATION_KINDS
     rule: str  # the invariant, e.g. "D4 budget: max_file_size=67108864"
     detail: str = ""
@@ -117,10 +120,11 @@ class Violation:
 class ScannedFile:
     """A regular file that passed and was copied."""
 
-    path: str  # relative, escaped
-    raw: bytes  # relative, the exact bytes of the names joined by b"/"
+    path: str  # relative, escaped (absolute in a filesystem diff)
+    raw: bytes  # relative, the exact bytes of the names joined by b"/" (in a diff too)
     size: int  # bytes copied (the st_size that was checked)
-    mode: int  # the copy's permission bits: 0o644, or 0o755 if the agent set any x bit
+    mode: int  # the copy's permission bits: 0o644, or 0o755 if the agent set any x bit (in a
+    # diff: the agent's own, less setuid, setgid and sticky, which are rejected)
 
 
 @dataclass(frozen=True)
@@ -133,3 +137,6 @@ class ScanResult:
     complete: bool  # False if a budget (depth, entries, size, paths, time) cut the walk short
     seconds: float
     violations_dropped: int = 0  # found, but over VIOLATIONS_KEPT: counted, not held
+    # A filesystem diff only (karotte/changes.py), absolute escaped paths in walk order:
+    deleted: tuple[str, ...] = ()  # whiteouts: what the agent deleted of the image
+    replaced: tuple[str, ...] = ()  # opaque directories: the image's contents there are gone

@@ -106,6 +106,7 @@ class _Core:
         self.pid: int | None = None
         self.pidfd: int | None = None
         self.workspace_fd: int | None = None
+        self.upper_fd: int | None = None  # on an image: the overlay's upper, the agent's diff
         self.broken: str | None = None
         self.closed = False
         self._next_id = 1
@@ -166,22 +167,23 @@ class _Core:
             raise
 
     def _send_config(self, ident) -> None:
-        """The plan, and on an image for a root caller the tree idmapped onto the sandbox's
-        user namespace (an unprivileged caller's init binds the tree itself)."""
-        tree = self.root.tree if self.root is not None else None
-        config = plan.config_message(self.spec, ident, tree)
-        if tree is None or ident.nested:
+        """The plan, and on an image for a root caller its lowers idmapped onto the sandbox's
+        user namespace (an unprivileged caller's init binds them itself)."""
+        root = self.root
+        config = plan.config_message(self.spec, ident, root and root.tree, root and root.changes)
+        if root is None or ident.nested:
             self.send(config, [])
             return
         userns = os.open(f"/proc/{self.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            tree_fd = imageroot.idmapped_tree(tree, userns)
+            lowers = imageroot.lower_fds(root, userns)
         finally:
             os.close(userns)
         try:
-            self.send(config, [tree_fd])
+            self.send(config, lowers)
         finally:
-            os.close(tree_fd)
+            for fd in lowers:
+                os.close(fd)
 
     def _make_cgroup(self) -> cgroups.Cgroup | None:
         spec = self.spec
@@ -204,8 +206,14 @@ class _Core:
         self._spawn_args = None  # init has exec'd (or died): its arguments may go
         if reply is not None and reply.type == p.READY and fds:
             self.workspace_fd = fds[0]
-            for fd in fds[1:]:
+            if self.root is not None and len(fds) > 1:
+                self.upper_fd = fds[1]
+            for fd in fds[1 + (self.upper_fd is not None):]:
                 os.close(fd)
+            if self.root is not None and self.upper_fd is None:
+                self.destroy()
+                raise SandboxError("karotte-init sent no fd of the overlay's upper with READY; "
+                                   "rebuild it (pip install -e .) so that it matches karotte")
             try:
                 # An OOM should kill the agent's processes, not init (which resets this for
                 # each command). Only now: until its exec init shared our memory, and the
@@ -375,9 +383,11 @@ class _Core:
                 if self.sock is not None:
                     self.sock.close()
                     self.sock = None
-                if self.workspace_fd is not None:
-                    os.close(self.workspace_fd)
-                    self.workspace_fd = None
+                for name in ("workspace_fd", "upper_fd"):
+                    fd = getattr(self, name)
+                    if fd is not None:
+                        setattr(self, name, None)
+                        os.close(fd)
                 if self.cgroup is not None:
                     # kill_all() confirmed it empty: it may be reused
                     (self.cgroup.release if reuse_cgroup else self.cgroup.destroy)()
@@ -429,6 +439,13 @@ class _Facts:
     def workspace_fd(self) -> int:
         """A directory fd of /workspace, valid until the sandbox is destroyed."""
         return self._core.workspace_fd
+
+    @property
+    def upper_fd(self) -> int | None:
+        """On an image, a directory fd of the overlay's upper: exactly what the agent changed
+        of the image's tree (karotte.changes.scan_changes reads it after kill_all); None on
+        the host's userland. Valid until the sandbox is destroyed."""
+        return self._core.upper_fd
 
     @property
     def cgroup(self) -> cgroups.Cgroup | None:

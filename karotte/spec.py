@@ -115,6 +115,10 @@ class SandboxSpec:
     # The root filesystem: "host" (the host's userland, read-only) or "dir:/ABS/PATH" (an
     # overlay on that directory tree; karotte/imageroot.py, docs/image-sandbox.md).
     image: str = "host"
+    # A vetted diff (karotte.changes.scan_changes's dest_dir, an absolute path) laid over the
+    # image as its top read-only layer; only with an image (docs/image-sandbox.md, "Custody
+    # of the diff").
+    changes: str | None = None
     # Who runs the commands: "agent" (uid 1000, no capabilities) or "root" (uid 0 of the
     # sandbox's own user namespace with only the file-ownership capabilities, for image
     # tasks that install packages or chown; docs/image-sandbox.md, "Root inside").
@@ -144,6 +148,7 @@ class SandboxSpec:
             raise SpecError("pids", "at least 2 (init and one command)", self.pids)
         _check_distinct(self.binds)
         _check_image(self.image)
+        _check_changes(self.changes, self.image)
         if self.agent_user not in AGENT_USERS:
             raise SpecError("agent_user", " or ".join(map(repr, AGENT_USERS)), self.agent_user)
         if isinstance(self.allow_degraded, (set, list, tuple)):
@@ -167,6 +172,20 @@ def _check_image(image: object) -> None:
         if not (path.startswith("/") and not path.startswith("//") and "\0" not in path
                 and os.path.normpath(path) == path and path != "/"):
             raise SpecError("image", DIR_IMAGE, image)
+
+
+def _check_changes(changes: object, image: str) -> None:
+    if changes is None:
+        return
+    if not (isinstance(changes, str) and changes.startswith("/") and "\0" not in changes
+            and not changes.startswith("//") and os.path.normpath(changes) == changes
+            and changes != "/"):
+        raise SpecError("changes", "a vetted diff's directory other than /, by an absolute, "
+                        "normalised path without NUL bytes", changes)
+    if imageref.parse(image).kind == "host":
+        raise SpecError("changes", "None on the host's userland: a diff is laid over an "
+                        "image, so name the image it was taken on as well "
+                        "(SandboxSpec(image=..., changes=...))", changes)
 
 
 def _check_degraded(names: frozenset[str]) -> None:

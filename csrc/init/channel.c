@@ -33,23 +33,32 @@ void out_u32(struct out *o, uint32_t tag, uint32_t v) { out_rec(o, tag, &v, size
 
 int out_send(struct out *o, int fd_to_pass)
 {
+    return out_send_fds(o, &fd_to_pass, fd_to_pass >= 0 ? 1 : 0);
+}
+
+int out_send_fds(struct out *o, const int *fds, int nfds)
+{
     struct iovec iov = {o->buf, o->len};
     struct msghdr mh = {0};
     union {
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(2 * sizeof(int))];
         struct cmsghdr align;
     } ctl;
     mh.msg_iov = &iov;
     mh.msg_iovlen = 1;
-    if (fd_to_pass >= 0) {
+    if (nfds > 2) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (nfds > 0) {
         memset(&ctl, 0, sizeof(ctl));
         mh.msg_control = ctl.buf;
-        mh.msg_controllen = sizeof(ctl.buf);
+        mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
         struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &fd_to_pass, sizeof(int));
+        c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+        memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
     }
     ssize_t n;
     do

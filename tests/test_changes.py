@@ -1,0 +1,396 @@
+"""Custody of an image sandbox's filesystem diff: the overlay's upper reaches the host
+(Sandbox.upper_fd), karotte.changes.scan_changes scans it with the workspace's rules and
+the upper's own (whiteouts, opaque directories, overlayfs' xattrs), and a vetted diff is
+laid over the image in a new sandbox (SandboxSpec.changes).
+
+Real sandboxes on a Debian bookworm made by mmdebstrap (tests/conftest.py, cached), run as
+root: the image's files belong to root, and the root agent (agent_user="root") changes them
+as a package manager does. The hand-made uppers of the last tests plant what the agent
+cannot (overlayfs' own xattrs), as the scan's tests plant devices.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import shutil
+import tempfile
+
+import pytest
+
+from conftest import needs_sandbox
+from karotte.changes import OPAQUE, scan_changes
+from karotte.sandbox import AGENT_UID, AsyncSandbox, Sandbox
+from karotte.scan import COPY_TIME, VIOLATIONS_KEPT, ScanLimits
+from karotte.spec import Bind, SandboxSpec, SpecError
+from karotte.userns import uid_base
+
+pytestmark = [needs_sandbox(), pytest.mark.cgroup2,
+              pytest.mark.skipif(os.geteuid() != 0, reason="the image is root-owned "
+                                 "(mmdebstrap's), which an unprivileged caller cannot run on")]
+
+# tmpfs holds user xattrs from Linux 6.6: before it, overlayfs cannot mark a directory of
+# the upper opaque, nor rename one through its work directory.
+TMPFS_USER_XATTRS = tuple(int(x) for x in os.uname().release.split(".")[:2]) >= (6, 6)
+
+
+@pytest.fixture(scope="module")
+def image(attack_tree) -> str:
+    return f"dir:{attack_tree}"
+
+
+def agent_diff(image: str, script: str, dest: str, *, limits: ScanLimits = ScanLimits(),
+               deliverables=(), agent_user: str = "root"):
+    """Run script as the agent on the image, kill, and scan its upper into dest: the
+    script's result and the ScanResult."""
+    with Sandbox(SandboxSpec(image=image, agent_user=agent_user)) as sb:
+        r = sb.exec(["/bin/sh", "-c", script])
+        sb.kill_all()
+        return r, scan_changes(sb.upper_fd, dest, limits, deliverables=deliverables)
+
+
+@pytest.fixture
+def dest(tmp_path) -> str:
+    path = tmp_path / "diff"
+    path.mkdir()
+    return str(path)
+
+
+def kinds(result) -> dict[str, str]:
+    return {v.path: v.kind for v in result.violations}
+
+
+def tree_of(dest: str) -> dict[str, tuple]:
+    """Every entry of a diff: its type letter, mode, owner, and opaque mark."""
+    out = {}
+    for d, dirs, files in os.walk(dest):
+        for name in dirs + files:
+            path = os.path.join(d, name)
+            st = os.lstat(path)
+            kind = "c" if stat.S_ISCHR(st.st_mode) else "d" if stat.S_ISDIR(st.st_mode) else "f"
+            opaque = kind == "d" and OPAQUE in os.listxattr(path)
+            out["/" + os.path.relpath(path, dest)] = (kind, stat.S_IMODE(st.st_mode),
+                                                      st.st_uid, st.st_gid, opaque)
+    return out
+
+
+# --------------------------------------------------------------------------- the upper fd
+
+
+def test_the_upper_fd_is_an_images_and_outlives_the_kill_until_close(image, no_leaks):
+    with Sandbox(SandboxSpec()) as sb:
+        assert sb.upper_fd is None  # the host's userland has no upper
+    with Sandbox(SandboxSpec(image=image)) as sb:
+        assert sh_ok(sb, "echo new > /var/tmp/new")
+        sb.kill_all()
+        fd = sb.upper_fd
+        assert os.listdir(f"/proc/self/fd/{fd}") == ["var"]
+    assert sb.upper_fd is None
+    with pytest.raises(OSError):
+        os.fstat(fd)
+
+
+def test_the_async_sandbox_has_the_upper_fd_too(image, no_leaks):
+    async def main():
+        async with AsyncSandbox(SandboxSpec(image=image)) as sb:
+            assert (await sb.exec(["/bin/sh", "-c", "echo x > /etc/async"])).exit_code != 0
+            assert (await sb.exec(["/bin/sh", "-c", "echo x > /var/tmp/async"])).ok
+            await sb.kill_all()
+            assert os.listdir(f"/proc/self/fd/{sb.upper_fd}/var/tmp") == ["async"]
+        return sb
+
+    assert asyncio.run(main()).upper_fd is None
+
+
+def sh_ok(sb: Sandbox, script: str) -> bool:
+    r = sb.exec(["/bin/sh", "-c", script])
+    assert r.ok, r
+    return True
+
+
+def test_DIFF_MOUNTS_01_the_upper_holds_nothing_init_made_only_the_agents_change(
+        image, shared_dir, no_leaks):
+    """The mount points of the plan (/dev, /proc, /tmp, /workspace, /home/agent and a bind's)
+    are in a layer of their own, so the upper is exactly the agent's diff."""
+    spec = SandboxSpec(image=image, binds=(Bind(shared_dir, "/srv/data"),))
+    with Sandbox(spec) as sb:
+        assert sh_ok(sb, "echo w > /workspace/w; echo h > /home/agent/h; echo t > /tmp/t; "
+                         "ls /srv/data; stat -c %a /home")
+        sb.kill_all()
+        assert os.listdir(f"/proc/self/fd/{sb.upper_fd}") == []
+
+
+# --------------------------------------------------------------------------- the scan
+
+
+def test_DIFF_FIFO_01_a_fifo_at_etc_x_is_rejected_and_named(image, dest, no_leaks):
+    r, result = agent_diff(image, "mkfifo /etc/x && echo ok > /etc/fine", dest,
+                           deliverables=("/etc/x",))
+    assert r.ok, r
+    assert kinds(result) == {"/etc/x": "fifo"}
+    assert [f.path for f in result.files] == ["/etc/fine"]
+    assert not os.path.lexists(os.path.join(dest, "etc/x"))
+
+
+def test_DIFF_SYMLINK_01_a_symlink_replacing_python3_is_rejected(image, dest, no_leaks):
+    r, result = agent_diff(image, "ln -sf /bin/sh /usr/bin/python3", dest)
+    assert r.ok, r
+    assert kinds(result) == {"/usr/bin/python3": "symlink"}
+    assert not os.path.lexists(os.path.join(dest, "usr/bin/python3"))
+
+
+def test_DIFF_SUID_01_a_setuid_file_is_rejected(image, dest, no_leaks):
+    r, result = agent_diff(image, "cp /bin/id /usr/local/bin/myid && chmod 4755 "
+                                  "/usr/local/bin/myid && cp /bin/id /etc/sg && chmod 2755 /etc/sg",
+                           dest)
+    assert r.ok, r
+    assert kinds(result) == {"/usr/local/bin/myid": "setuid", "/etc/sg": "setgid"}
+    assert not os.path.lexists(os.path.join(dest, "usr/local/bin/myid"))
+
+
+def test_DIFF_DELETE_01_a_deleted_base_file_is_a_whiteout_in_the_diff(image, dest, no_leaks):
+    r, result = agent_diff(image, "rm /etc/debian_version /usr/bin/cmp", dest)
+    assert r.ok, r
+    assert result.deleted == ("/etc/debian_version", "/usr/bin/cmp") and not result.violations
+    for path in ("etc/debian_version", "usr/bin/cmp"):
+        st = os.lstat(os.path.join(dest, path))
+        assert stat.S_ISCHR(st.st_mode) and st.st_rdev == 0  # a whiteout, as overlayfs reads it
+        assert st.st_mtime == COPY_TIME
+
+
+def test_DIFF_OPAQUE_01_a_directory_removed_and_made_again_replaces_the_images(
+        image, dest, no_leaks):
+    script = "rm -rf /usr/share/doc/bash && mkdir /usr/share/doc/bash && echo n > /usr/share/doc/bash/new"
+    r, result = agent_diff(image, script, dest)
+    if not TMPFS_USER_XATTRS:
+        # Before 6.6 the upper's tmpfs has no user xattrs: overlayfs cannot make the opaque
+        # directory (nor clear one through its work directory) and says EIO. The agent
+        # cannot replace a directory of the image at all, so there is no replacement.
+        assert r.exit_code != 0 and b"Input/output error" in r.stderr, r
+        assert result.replaced == ()
+        return
+    assert r.ok, r
+    assert result.replaced == ("/usr/share/doc/bash",) and not result.violations
+    assert [f.path for f in result.files] == ["/usr/share/doc/bash/new"]
+    assert tree_of(dest)["/usr/share/doc/bash"][4] is True
+
+
+def test_DIFF_XATTR_01_the_agent_cannot_set_overlay_xattrs_to_forge_a_deletion(
+        image, dest, no_leaks):
+    """user.overlay.* set through the overlay would be the upper's own markers (an opaque
+    /etc would delete the image's /etc for the grader). From 6.7 overlayfs stores them
+    escaped (user.overlay.overlay.*), before it refuses them: either way they mark nothing,
+    and the diff carries no xattr of the agent's."""
+    code = ("import os, errno\n"
+            "os.mkdir('/etc/forged')\n"
+            "for path, name in (('/etc', 'opaque'), ('/etc/forged', 'opaque'),"
+            " ('/etc/passwd', 'metacopy'), ('/etc/forged', 'redirect')):\n"
+            "    try:\n"
+            "        os.setxattr(path, 'user.overlay.' + name, b'y')\n"
+            "        print('set')\n"
+            "    except OSError as e:\n"
+            "        print(errno.errorcode[e.errno])\n")
+    r, result = agent_diff(image, f"python3 -c \"{code}\"", dest)
+    assert r.ok, r
+    escaped = tuple(int(x) for x in os.uname().release.split(".")[:2]) >= (6, 7)
+    assert set(r.stdout.split()) == ({b"set"} if escaped else {b"EPERM"}), r.stdout
+    assert result.replaced == () and result.deleted == () and not result.violations
+    assert [f.path for f in result.files] == ["/etc/passwd"]  # chattr'd: copied up
+    assert os.listxattr(os.path.join(dest, "etc/forged")) == []
+    assert os.listxattr(os.path.join(dest, "etc")) == []
+
+
+def test_DIFF_HARDLINK_01_a_hard_link_in_the_upper_is_rejected(image, dest, no_leaks):
+    r, result = agent_diff(image, "ln /etc/passwd /etc/passwd2", dest)
+    assert r.ok, r
+    # The link copied /etc/passwd up: both names are one inode of the upper.
+    assert kinds(result) == {"/etc/passwd": "hardlink", "/etc/passwd2": "hardlink"}
+    assert sorted(tree_of(dest)) == ["/etc"]
+
+
+def test_DIFF_FLOOD_01_a_flood_of_files_in_etc_stays_bounded(image, dest, no_leaks):
+    script = "cd /etc && for i in $(seq 3000); do mkfifo f$i; done; mkfifo /etc/zz"
+    r, result = agent_diff(image, script, dest, deliverables=("/etc/zz",),
+                           limits=ScanLimits(max_entries=2000))
+    assert r.ok, r
+    assert result.complete is False
+    assert {v.kind for v in result.violations} == {"fifo", "too-many-entries"}
+    # VIOLATIONS_KEPT FIFOs and the budget; the deliverable's is held whatever came before it.
+    assert len(result.violations) <= VIOLATIONS_KEPT + 2
+    assert result.violations_dropped > 1000
+
+
+def test_the_diff_keeps_the_modes_and_the_ids_the_agent_saw(image, dest, no_leaks):
+    script = ("echo k > /etc/key && chmod 600 /etc/key && echo a > /var/tmp/a && "
+              f"chown {AGENT_UID}:{AGENT_UID} /var/tmp/a && mkdir -m 750 /opt/x && "
+              "chown 33:33 /opt/x")
+    r, result = agent_diff(image, script, dest)
+    assert r.ok and not result.violations, (r, result)
+    entries = tree_of(dest)
+    assert entries["/etc/key"] == ("f", 0o600, 0, 0, False)
+    assert entries["/var/tmp"] == ("d", 0o1777, 0, 0, False)  # copied up with its mode
+    assert entries["/var/tmp/a"] == ("f", 0o644, AGENT_UID, AGENT_UID, False)
+    assert entries["/opt/x"] == ("d", 0o750, 33, 33, False)
+
+
+# --------------------------------------------------------------------------- hand-made uppers
+
+
+@pytest.fixture
+def upper():
+    """A hand-made upper on a tmpfs (the diff goes to another filesystem), and a function
+    that gives an entry of it to the sandboxes' root, as a real upper's would be."""
+    path = tempfile.mkdtemp(dir="/dev/shm", prefix="karotte-test-upper-")
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    yield path, fd, lambda entry: os.chown(entry, uid_base(), uid_base())
+    os.close(fd)
+    shutil.rmtree(path)
+
+
+@pytest.mark.parametrize("name, value, what", [
+    ("metacopy", b"", "file"), ("redirect", b"/elsewhere", "dir"), ("whiteout", b"", "file"),
+    ("opaque", b"x", "dir"), ("opaque", b"y", "file"), ("future", b"1", "dir")])
+def test_DIFF_METACOPY_01_an_overlay_xattr_other_than_bookkeeping_is_rejected(
+        upper, dest, name, value, what):
+    """A metacopy file's bytes are in a lower layer; a redirect's contents are another
+    path's: accepted, the grader would see what the agent never had."""
+    path, fd, own = upper
+    entry = os.path.join(path, "etc", "x")
+    os.mkdir(os.path.dirname(entry))
+    if what == "dir":
+        os.mkdir(entry)
+    else:
+        with open(entry, "w") as f:
+            f.write("looks whole\n")
+    own(os.path.dirname(entry))
+    own(entry)
+    os.setxattr(entry, f"user.overlay.{name}", value)
+    result = scan_changes(fd, dest, ScanLimits())
+    assert kinds(result) == {"/etc/x": "overlay-metadata"}
+    assert f"user.overlay.{name}" in result.violations[0].detail
+    assert not os.path.lexists(os.path.join(dest, "etc/x"))
+
+
+def test_overlays_bookkeeping_xattrs_are_dropped(upper, dest):
+    path, fd, own = upper
+    os.mkdir(os.path.join(path, "usr"))
+    os.setxattr(os.path.join(path, "usr"), "user.overlay.impure", b"y")
+    with open(os.path.join(path, "usr", "f"), "w") as f:
+        f.write("mine\n")
+    own(os.path.join(path, "usr"))
+    own(os.path.join(path, "usr", "f"))
+    os.setxattr(os.path.join(path, "usr", "f"), "user.overlay.origin", b"")
+    result = scan_changes(fd, dest, ScanLimits())
+    assert not result.violations and [f.path for f in result.files] == ["/usr/f"]
+    assert os.listxattr(os.path.join(dest, "usr")) == []
+    assert os.listxattr(os.path.join(dest, "usr", "f")) == []
+
+
+def test_an_id_outside_the_sandboxes_is_rejected(upper, dest):
+    path, fd, _ = upper
+    with open(os.path.join(path, "f"), "w") as f:
+        f.write("the host's\n")
+    os.chown(os.path.join(path, "f"), 1234, 1234)  # a host id, no sandbox's
+    result = scan_changes(fd, dest, ScanLimits())
+    assert kinds(result) == {"/f": "unmapped-owner"}
+
+
+# --------------------------------------------------------------------------- laid over the image
+
+
+def test_changes_need_an_image_and_name_the_fix():
+    with pytest.raises(SpecError) as info:
+        SandboxSpec(changes="/srv/diff")
+    assert info.value.field == "changes" and "SandboxSpec(image=..., changes=...)" in str(info.value)
+    for bad in ("relative/diff", "/srv/../diff", "/", 7):
+        with pytest.raises(SpecError):
+            SandboxSpec(image="dir:/srv/tree", changes=bad)
+    with pytest.raises(FileNotFoundError, match="scan_changes filled"):
+        Sandbox(SandboxSpec(image="dir:/srv/tree-that-is-not-there-either",
+                            changes="/nonexistent/karotte-diff"))
+
+
+def test_DIFF_READBACK_01_a_vetted_diff_reads_back_over_the_image_in_a_new_sandbox(
+        image, dest, attack_tree, no_leaks):
+    script = ("set -e; echo conf > /etc/app.conf; chmod 640 /etc/app.conf; chown 0:33 /etc/app.conf; "
+              f"echo mine > /var/tmp/a; chown {AGENT_UID}:{AGENT_UID} /var/tmp/a; "
+              "rm /etc/debian_version; mkfifo /etc/x; echo more >> /etc/issue")
+    r, result = agent_diff(image, script, dest)
+    assert r.ok and kinds(result) == {"/etc/x": "fifo"}, (r, result)
+    with Sandbox(SandboxSpec(image=image, changes=dest)) as sb:
+        r = sb.exec(["/bin/sh", "-c", "stat -c '%a %u:%g' /etc/app.conf /var/tmp/a /var/tmp; "
+                                      "cat /var/tmp/a; tail -1 /etc/issue; "
+                                      "test -e /etc/debian_version || echo deleted; "
+                                      "test -e /etc/x || echo no-fifo; cat /etc/app.conf"])
+        assert r.stdout.decode().splitlines() == [
+            "640 0:33", f"644 {AGENT_UID}:{AGENT_UID}", "1777 0:0", "mine", "more", "deleted",
+            "no-fifo"], r  # 0640 root:www-data: the agent (uid 1000) may not read it
+        # The sandbox's own upper starts fresh on top, and writes over the diff copy it up.
+        assert sb.exec(["/bin/sh", "-c", "echo again >> /var/tmp/a && cat /var/tmp/a"]).stdout \
+            == b"mine\nagain\n"
+        sb.kill_all()
+        assert os.listdir(f"/proc/self/fd/{sb.upper_fd}") == ["var"]
+    assert os.path.exists(os.path.join(attack_tree, "etc/debian_version"))
+    with open(os.path.join(dest, "var/tmp/a")) as f:
+        assert f.read() == "mine\n"  # the diff is a lower: never written
+
+
+def test_DIFF_SYMLINK_01_a_sandbox_on_the_diff_still_runs_the_images_python3(
+        image, dest, no_leaks):
+    r, result = agent_diff(image, "ln -sf /bin/sh /usr/bin/python3 && rm /usr/bin/python3.11", dest)
+    assert r.ok and kinds(result) == {"/usr/bin/python3": "symlink"}, (r, result)
+    assert result.deleted == ("/usr/bin/python3.11",)
+    with Sandbox(SandboxSpec(image=image, changes=dest)) as sb:
+        # python3 is the image's link to python3.11, which the diff deletes: the link
+        # dangles, and nothing of the agent's runs in its place.
+        r = sb.exec(["/bin/sh", "-c", "readlink /usr/bin/python3; python3 -c 'print(1)'"])
+        assert r.stdout.startswith(b"python3.11\n") and r.exit_code == 127, r
+    shutil.rmtree(dest)
+    os.mkdir(dest)
+    r, result = agent_diff(image, "ln -sf /bin/sh /usr/bin/python3", dest)
+    with Sandbox(SandboxSpec(image=image, changes=dest)) as sb:
+        r = sb.exec(["python3", "-c", "import sys; print(sys.version_info[:2])"])
+        assert r.stdout == b"(3, 11)\n", r
+
+
+def test_DIFF_OPAQUE_01_a_replaced_directory_shows_only_the_new_contents(image, dest, no_leaks):
+    if not TMPFS_USER_XATTRS:
+        pytest.skip("before Linux 6.6 the upper cannot hold an opaque directory "
+                    "(test_DIFF_OPAQUE_01_a_directory_removed_and_made_again_...)")
+    script = "rm -rf /usr/share/doc/bash && mkdir /usr/share/doc/bash && echo n > /usr/share/doc/bash/new"
+    r, result = agent_diff(image, script, dest)
+    assert r.ok and result.replaced == ("/usr/share/doc/bash",), (r, result)
+    with Sandbox(SandboxSpec(image=image, changes=dest)) as sb:
+        assert sb.exec(["ls", "/usr/share/doc/bash"]).stdout == b"new\n"
+        assert sb.exec(["ls", "/usr/share/doc/dash"]).stdout != b""  # its sibling stays
+
+
+DEB_SCRIPT = """set -e
+mkdir -p /var/tmp/pkg/DEBIAN /var/tmp/pkg/usr/share/karotte-test
+cat > /var/tmp/pkg/DEBIAN/control <<EOF
+Package: karotte-test-pkg
+Version: 1.0
+Architecture: all
+Maintainer: Karotte <karotte@example.invalid>
+Description: a package the agent built
+EOF
+echo installed > /var/tmp/pkg/usr/share/karotte-test/marker
+dpkg-deb --build --root-owner-group /var/tmp/pkg /var/tmp/karotte-test.deb >/dev/null
+rm -rf /var/tmp/pkg
+dpkg -i /var/tmp/karotte-test.deb >/dev/null
+dpkg -s karotte-test-pkg | grep -q 'Status: install ok installed'
+"""
+
+
+def test_DIFF_DPKG_01_a_package_the_root_agent_installed_is_seen_over_the_diff(
+        image, dest, no_leaks):
+    r, result = agent_diff(image, DEB_SCRIPT, dest)
+    assert r.ok, r
+    assert "/var/lib/dpkg/status" in [f.path for f in result.files]
+    assert not [v for v in result.violations if v.path.startswith("/var/lib/dpkg/")], \
+        result.violations
+    with Sandbox(SandboxSpec(image=image, changes=dest)) as sb:
+        r = sb.exec(["/bin/sh", "-c", "dpkg -s karotte-test-pkg | grep Status; "
+                                      "cat /usr/share/karotte-test/marker; dpkg -L karotte-test-pkg"])
+        assert r.stdout.decode().splitlines()[:2] == ["Status: install ok installed", "installed"], r
+        assert b"/usr/share/karotte-test/marker" in r.stdout
