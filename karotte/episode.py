@@ -273,7 +273,8 @@ class _Flow:
             custody.violations_dropped if custody else 0,
             None if infra_error is None else capped(infra_error, INFRA_ERROR_LIMIT),
             timings, tuple(self.log), details, dropped,
-            capped(report.log, GRADER_LOG_RECORD_LIMIT) if report else "")
+            capped(report.log, GRADER_LOG_RECORD_LIMIT) if report else "",
+            custody.changed_paths if custody else 0, custody.deleted_paths if custody else 0)
         return self.finished
 
     def judge(self, custody: Custody) -> Outcome | None:
@@ -298,11 +299,12 @@ class _Flow:
         return self.outcome(report.reward, "graded", custody, report, grade_seconds=seconds)
 
     def finish(self, kill_all: Callable[[], None], workspace_fd: int,
-               close: Callable[[], None]) -> Outcome:
-        """Custody, then grading; blocking (the async face runs it in a worker thread)."""
+               close: Callable[[], None], upper_fd: int | None = None) -> Outcome:
+        """Custody, then grading; blocking (the async face runs it in a worker thread).
+        upper_fd: on an image, the overlay's upper (the agent's diff of the image)."""
         try:
             custody = take_custody(kill_all, workspace_fd, self.scan_limits,
-                                   self.env.deliverables)
+                                   self.env.deliverables, upper_fd)
         except (KarotteError, OSError) as exc:
             close()
             return self.outcome(None, "infra_error", infra_error=f"custody failed: {exc}")
@@ -313,7 +315,8 @@ class _Flow:
                 return decided
             t = time.monotonic()
             try:
-                report = run_grader(self.env, self.env_seed, custody.submission)
+                report = run_grader(self.env, self.env_seed, custody.submission,
+                                    custody.for_grader())
             except (KarotteError, OSError) as exc:
                 return self.outcome(None, "infra_error", custody,
                                     infra_error=f"grading failed: {exc}",
@@ -439,7 +442,7 @@ class Episode(_Facts[Sandbox]):
         if late is not None:
             self.close()
             return late
-        return flow.finish(sb.kill_all, sb.workspace_fd, self.close)
+        return flow.finish(sb.kill_all, sb.workspace_fd, self.close, sb.upper_fd)
 
     def close(self) -> None:
         sb = self._let_go()
@@ -533,7 +536,7 @@ class AsyncEpisode(_Facts[AsyncSandbox]):
             return flow.finished
         sb = self._live()
         outcome = flow.out_of_time() or await self._in_thread(
-            flow.finish, sb.kill_all_blocking, sb.workspace_fd, sb.close_blocking)
+            flow.finish, sb.kill_all_blocking, sb.workspace_fd, sb.close_blocking, sb.upper_fd)
         await self.close()
         return outcome
 
