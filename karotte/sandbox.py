@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import math
 import os
 import select
 import signal
@@ -24,9 +22,11 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from . import cgroups, imageroot, lifecycle, mounts, native, plan, steps
+from . import cgroups, imageroot, lifecycle, native, plan, start_errors
 from . import protocol as p
-from .userns import identity, userns_blocker
+from .execenv import exec_cwd, exec_env
+from .execenv import DEFAULT_ENV  # noqa: F401 (public here too)
+from .userns import identity
 from .userns import AGENT_UID, DEFAULT_UID_BASE, ns_owner_ids  # noqa: F401 (public here too)
 from .results import ExecResult
 from .errors import CgroupError, HostUnsupported, SandboxClosed, SandboxError, out_of_fds
@@ -38,57 +38,12 @@ from .spec import SandboxSpec
 SETUP_TIMEOUT = 10.0  # seconds for init to build the root and report ready
 MAX_PASS_FDS = 5  # extra fds a command may get (MAX_FDS of csrc/init/init.h less stdio)
 
-DEFAULT_ENV = {
-    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    "HOME": mounts.HOME,
-    "USER": "agent",
-    "LOGNAME": "agent",
-    "SHELL": "/bin/bash",
-    "LANG": "C.UTF-8",
-    "TMPDIR": "/tmp",
-    # The CPUs to plan for (nproc, OpenMP, BLAS): the spec's bandwidth rounded up, set by
-    # exec_env(). cpu_count() and /proc/cpuinfo still show every host CPU: the limit is
-    # bandwidth on all of them, not a few CPUs.
-    "OMP_NUM_THREADS": "1",
-}
-
-
-def exec_env(spec: SandboxSpec, env: Mapping[str, str] | None,
-             root: imageroot.ImageRoot | None = None) -> dict[str, str]:
-    """The environment of a command: DEFAULT_ENV with OMP_NUM_THREADS for the spec's CPUs
-    (never more than the host has), then the image config's Env (on an image), then the
-    caller's env; each may replace any of what comes before it."""
-    cpus = min(math.ceil(spec.cpus), len(os.sched_getaffinity(0)))
-    return {**DEFAULT_ENV, "OMP_NUM_THREADS": str(cpus), **(root.env if root else {}),
-            **(env or {})}
-
-
-def exec_cwd(cwd: str | None, root: imageroot.ImageRoot | None = None) -> str:
-    """The working directory of a command: the caller's, else the image config's
-    WorkingDir (on an image), else /workspace."""
-    return cwd or (root.workdir if root is not None and root.workdir else mounts.WORKSPACE)
-
-
 def _write_proc(pid: int, name: str, text: str) -> None:
     fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.write(fd, text.encode())
     finally:
         os.close(fd)
-
-
-_OVERLAY_STEPS = ("overlay-lower", "overlay-upper", "overlay")
-# What a tree the caller named, not the kernel, is to blame for: a plain SandboxError.
-_TREE_ERRNOS = (errno.EACCES, errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG)
-
-
-def _setup_error(reply: p.Reply) -> SandboxError | HostUnsupported:
-    err = reply.u32(p.T_ERRNO)
-    if reply.step in _OVERLAY_STEPS and err not in _TREE_ERRNOS:
-        return imageroot.overlay_unsupported(reply.text(p.T_WHAT), err, os.uname().release)
-    hint = steps.step(reply.step).hint(err)
-    return SandboxError(f"sandbox setup failed at '{reply.text(p.T_WHAT)}': {os.strerror(err)}"
-                        + (f" ({hint})" if hint else ""), step=reply.step)
 
 
 class _Core:
@@ -144,7 +99,7 @@ class _Core:
                         child.fileno(), cg and cg.clone_fd(), cg and cg.tasks_files(),
                         cg and cg.freezer_state_file(), owner)
                 except native.SpawnError as exc:
-                    raise _spawn_error(exc, cg) from exc
+                    raise start_errors.spawn_error(exc, cg) from exc
             finally:
                 child.close()
             # A stop_all() that ran during the spawn found no pidfd here to signal.
@@ -228,20 +183,11 @@ class _Core:
             return
         for fd in fds:
             os.close(fd)
-        error = self._init_gone_error() if reply is None else (
-            _setup_error(reply) if reply.type == p.SETUP_ERR
+        error = start_errors.init_gone(self.pidfd) if reply is None else (
+            start_errors.setup_error(reply) if reply.type == p.SETUP_ERR
             else SandboxError(f"unexpected first message {reply.type} from karotte-init"))
         self.destroy()
         raise error
-
-    def _init_gone_error(self) -> SandboxError:
-        try:
-            info = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except (OSError, TypeError):
-            info = None
-        if info is not None and info.si_code == os.CLD_EXITED and info.si_status == 127:
-            return SandboxError(f"could not execute {native.INIT_PATH} in the new namespaces")
-        return SandboxError("karotte-init exited during setup without saying why")
 
     # -- channel
 
@@ -404,26 +350,6 @@ class _Core:
         if (self.pidfd is not None or self.cgroup is not None or self.sock is not None) \
                 and self._creator == os.getpid():
             self.destroy(reuse_cgroup=False)
-
-
-def _spawn_error(exc: native.SpawnError, cg: cgroups.Cgroup | None) -> Exception:
-    name = errno.errorcode.get(exc.errno, str(exc.errno))
-    if exc.step == native.STEP_CGROUP:
-        if exc.errno == errno.EBUSY:
-            return CgroupError(f"cgroup {cg.name} is frozen, or its parent is: a sandbox "
-                               "started in it would stop at once; thaw the parent cgroup")
-        return CgroupError(f"moving the spawning thread into cgroup {cg.name} failed: {name} "
-                           f"({exc.strerror}); check the tasks files of {' '.join(cg.paths)}")
-    if exc.step == native.STEP_THREAD:
-        return SandboxError(f"no thread could be started for the spawn: {name} "
-                            f"({exc.strerror}); raise the limit on threads or processes",
-                            step=exc.step)
-    if exc.step == native.STEP_OWNER:
-        return SandboxError(f"taking the user namespace's owner ids failed: {name} "
-                            f"({exc.strerror}); they need a root caller", step=exc.step)
-    if exc.errno in (errno.EPERM, errno.EACCES, errno.ENOSPC, errno.EUSERS):
-        return HostUnsupported("user-namespace", userns_blocker(exc.errno))
-    return SandboxError(f"clone3 of the sandbox failed: {exc.strerror}", step=exc.step)
 
 
 class _Facts:
