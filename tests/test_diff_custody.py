@@ -17,10 +17,10 @@ import pytest
 from conftest import needs_sandbox
 from envs.basic import Addition
 from envs.diff import PTH_MARK, DiffReports
-from karotte import grading, hostdirs
+from karotte import custody, grading, hostdirs
 from karotte.environment import check_environment
 from karotte.episode import AsyncEpisode, Episode
-from karotte.scan import VIOLATIONS_KEPT
+from karotte.scan import VIOLATIONS_KEPT, ScanError
 from karotte.spec import MiB
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="the Debian image is a root-owned "
@@ -274,6 +274,24 @@ def test_the_changes_directory_goes_with_the_submission(commands, deliverables, 
 
 
 @episodes
+def test_a_diff_scan_that_fails_leaves_nothing_either(on_image, monkeypatch, no_leaks):
+    env = on_image()
+    grading.grader_library("envs")
+    before = ours()
+    real = custody.scan_changes
+
+    def fails_midway(upper_fd, dest, limits, **kwargs):
+        real(upper_fd, dest, limits, **kwargs)  # the copy is made, then the host fails
+        raise ScanError("cannot write the copy of /etc/x in dest_dir: No space left on device")
+
+    monkeypatch.setattr(custody, "scan_changes", fails_midway)
+    outcome = play(env, "echo x > /etc/x")
+    assert outcome.reason == "infra_error"
+    assert outcome.infra_error.startswith("custody failed: cannot write the copy of /etc/x")
+    assert ours() == before
+
+
+@episodes
 def test_the_async_face_hands_the_diff_over_too(on_image, no_leaks):
     env = on_image({"runs": [["cat", "/etc/debian_version"]]})
 
@@ -297,3 +315,15 @@ def test_on_the_hosts_userland_there_is_no_diff(monkeypatch, no_leaks):
     seen = outcome.details
     assert (seen["changes"], seen["deleted"], seen["replaced"]) == (None, [], [])
     assert (outcome.changed_paths, outcome.deleted_paths) == (0, 0)
+
+
+@episodes
+def test_a_grader_on_the_hosts_userland_reads_the_diff_of_the_agents_image(on_image,
+                                                                          monkeypatch,
+                                                                          no_leaks):
+    env = on_image({"read": ["/etc/issue"], "runs": [["cat", "/etc/issue"]]}, ("/etc/issue",))
+    monkeypatch.setattr(DiffReports, "grader_image", "host")
+    outcome = play(env, "echo changed > /etc/issue")
+    assert outcome.reason == "graded", outcome.grader_log
+    assert outcome.details["read"] == {"/etc/issue": "changed\n"}
+    assert ran(outcome) == [(0, "changed\n")]  # ctx.run: still the agent's image and diff
