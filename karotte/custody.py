@@ -19,6 +19,7 @@ counted. The scans share ScanLimits.max_seconds.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, replace
@@ -26,7 +27,8 @@ from functools import cached_property
 from typing import Callable, Sequence
 
 from .changes import scan_changes
-from .errors import KarotteError
+from . import hostdirs
+from .errors import HostUnsupported, KarotteError
 from .grading import Changes, private_dir
 from .scan import VIOLATIONS_KEPT, ScanLimits, ScanResult, Violation, relation, scan_and_copy
 
@@ -39,6 +41,9 @@ MIN_DIFF_SECONDS = 0.001  # the diff's scan when the workspace's used up the tim
 # next sandboxes lay it over the image (idmapped: root of theirs) and make their mount
 # points through it.
 TREE = "tree"
+# What the diff's copy needs of its filesystem: an idmapped mount (the next sandboxes see
+# it as the image's tree) and user xattrs (opaque directories). tmpfs has both from 6.6.
+TMPFS_SINCE = (6, 6)
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,33 @@ def take_custody(kill_all: Callable[[], None], workspace_fd: int, limits: ScanLi
         raise
     return Custody(True, dest, result, t1 - t0, time.monotonic() - t1, None, changes, diff,
                    wanted)
+
+
+def check_changes_home() -> None:
+    """Raises unless the diff's copy can live in hostdirs.runtime_dir(): on a tmpfs (the
+    default, /dev/shm) before Linux 6.6 it could not be idmapped (before 6.3) or hold an
+    opaque directory. Called at an image episode's reset, before any agent runs."""
+    top = hostdirs.runtime_dir()
+    release = tuple(int(n) for n in re.findall(r"\d+", os.uname().release)[:2])
+    if release < TMPFS_SINCE and _fs_type(top) == "tmpfs":
+        raise HostUnsupported(
+            "image-overlay", f"custody copies the agent's diff of its image into {top}, a tmpfs, "
+            f"which Linux {os.uname().release} cannot idmap or mark opaque (tmpfs can from "
+            f"{TMPFS_SINCE[0]}.{TMPFS_SINCE[1]}); set KAROTTE_RUNTIME_DIR to a directory on "
+            "ext4, xfs or btrfs that root owns (mode 0755), or run on Linux 6.6 or newer")
+
+
+def _fs_type(path: str) -> str:
+    """The filesystem type of the mount holding path (/proc/self/mountinfo)."""
+    path, best, found = os.path.realpath(path), "", ""
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[4].encode().decode("unicode_escape")  # \040 for a space
+            if (path == point or path.startswith(point.rstrip("/") + "/")) and \
+                    len(point) >= len(best):
+                best, found = point, fields[fields.index("-") + 1]
+    return found
 
 
 def _where(path: str, deliverables: Sequence[str]) -> str | None:

@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any, Callable, Generic, TypeVar
 
 from . import imageref, images
-from .custody import Custody, deliverable_violations, take_custody
+from .custody import Custody, check_changes_home, deliverable_violations, take_custody
 from .environment import Environment, agent_spec, check_environment, check_files, load
 from .errors import KarotteError, SandboxClosed
 from .grading import GradeReport, run_grader
@@ -116,7 +116,10 @@ class _Flow:
 
     def agent_spec(self) -> SandboxSpec:
         """The environment's limits on its image, with its own package hidden from the host's
-        userland (karotte/userland.py). Its image is imported here if need be."""
+        userland (karotte/userland.py). Its image is imported here if need be, and the
+        host must be able to keep the agent's diff of it (check_changes_home)."""
+        if self.on_image:
+            check_changes_home()
         import_once(self.env.image)
         return hide_package(agent_spec(self.env), type(self.env).__module__)
 
