@@ -277,7 +277,8 @@ class GradeContext:
             files: Mapping[str, bytes | str] | None = None, env: Mapping[str, str] | None = None,
             cwd: str = WORKSPACE, allow_env: Collection[str] = (), timeout: float = 10.0,
             memory: int = 256 * MiB, pids: int = 64, cpus: float = 1.0,
-            output_limit: int = 1 * MiB, changes: bool = True) -> ExecResult:
+            output_limit: int = 1 * MiB, changes: bool = True,
+            private_userland: bool = False) -> ExecResult:
         """Run the agent's program in a fresh sandbox nested under this grader's cgroup,
         with the submission read-only at /workspace. Timed and measured by the host.
 
@@ -293,6 +294,11 @@ class GradeContext:
         it must not see. env: variables added to the sandbox's own (PATH, HOME, ...);
         those that make a program load code from a path (CODE_LOADING_ENV) are refused
         unless named in allow_env. cwd: where argv starts (default /workspace).
+        private_userland: run on a copy of the image's tree made for this run alone, so
+        that nothing it leaves in the userland's page cache, futexes or inotify marks
+        reaches another run or sandbox (LINK-CACHE-02, LINK-SIBLING-02); the environment
+        must declare an image, and its memory= holds a copy into a tmpfs
+        (docs/side-channels.md).
         """
         if isinstance(stdin, str):
             stdin = stdin.encode()
@@ -306,7 +312,7 @@ class GradeContext:
                             "files": {path: base64.b64encode(data).decode()
                                       for path, data in placed.items()},
                             "env": env, "cwd": cwd, "allow_env": sorted(allow_env),
-                            "changes": bool(changes)},
+                            "changes": bool(changes), "private_userland": private_userland},
                            reply_limit=3 * output_limit + REPLY_SLACK)
         return decode_result(reply["result"])
 
@@ -356,7 +362,8 @@ class GradeContext:
                       inputs: Sequence[bytes], *, expected: Sequence[bytes | str] | None = None,
                       check: Callable[[int, bytes], bool] | None = None,
                       timeout: float = 30.0, memory: int = 256 * MiB,
-                      output_limit: int = 1 * MiB) -> SpeedComparison:
+                      output_limit: int = 1 * MiB,
+                      private_userland: bool = False) -> SpeedComparison:
         """Time candidate against baseline fairly, and check the output of every run.
 
         Each program runs once on each input, every run in a fresh sandbox, so no process
@@ -388,6 +395,10 @@ class GradeContext:
 
         There is no way to time runs whose output is not checked. Score nothing unless
         the result's failures is empty (result.ok).
+
+        private_userland: every run, of both programs, on a copy of the image's tree of
+        its own (ctx.run's option): no timed run reads what a check run, or another timed
+        run, left in the userland, even on an input it saw before.
         """
         if not inputs:
             raise GraderError("compare_speed needs at least one input")
@@ -407,7 +418,8 @@ class GradeContext:
                 order.reverse()
             for which, argv in order:
                 done.append((which, i, self.run(argv, stdin=data, timeout=timeout,
-                                                memory=memory, output_limit=output_limit)))
+                                                memory=memory, output_limit=output_limit,
+                                                private_userland=private_userland)))
         if check is None:  # the baseline's run on each input is the oracle
             oracle = {i: r.stdout for which, i, r in done if which == "baseline"}
             check = _answers([oracle[i] for i in range(len(inputs))])

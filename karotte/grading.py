@@ -29,7 +29,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import cgroups, hostdirs
+from . import cgroups, hostdirs, private_tree
 from .environment import Environment, grader_image_of, grader_spec, target_of
 from .errors import KarotteError
 from .grader_runtime import (CHANGES, REQUEST_LIMIT, RUN_FILES, RUN_OUTPUT_LIMIT, WORKSPACE,
@@ -456,9 +456,14 @@ def _run_nested(request: dict, parent: cgroups.Cgroup, submission: str,
                            timeout=min(float(request["timeout"]), left),
                            output_limit=output_limit, binds=binds, image=image,
                            changes=changes.tree if changes and with_changes else None)
-        with Sandbox(hide_package(spec, target), cgroup_parent=parent) as run:
+        # private_userland: the program's userland is a copy made for this run alone
+        # (LINK-CACHE-02, LINK-SIBLING-02); the copy lost the image config's Env: pass it on.
+        with private_tree.userland(image, request.get("private_userland", False), parent,
+                                   spec.memory, left) as userland, \
+                Sandbox(hide_package(replace(spec, image=userland.image), target),
+                        cgroup_parent=parent) as run:
             start = time.monotonic()
-            result = run.exec(argv, stdin=stdin, env=env, cwd=cwd)
+            result = run.exec(argv, stdin=stdin, env={**userland.env, **env}, cwd=cwd)
             # Until the last byte of output, not the command's exit: a program that exits
             # at once and leaves a background process to finish and print the answer
             # (within the drain grace) must not get that work timed as free.

@@ -2,10 +2,10 @@
 """How many bits one Karotte sandbox can pass to another through host-shared kernel state.
 
     scripts/bench_side_channels.py [--quick] [--bits N] [--runs N] [--channels a,b]
-                                   [--json FILE]
+                                   [--image TREE [--reflink] [--stride N]] [--json FILE]
 
 A sender sandbox and a receiver sandbox, both real Karotte sandboxes with the default
-spec (the host's /usr bound read-only), and each channel run --runs times with --bits
+spec (the host's /usr bound read-only; the image channels: on an image), and each channel run --runs times with --bits
 random bits. For each channel: bits/s, the bit error rate, and the capacity that leaves
 (bits/s times 1 - H(error rate)), medians over the runs.
 
@@ -43,6 +43,23 @@ Channels that need both sandboxes alive at once (LINK-SIBLING-01):
   inotify        the receiver watches two files under /usr for IN_OPEN; the sender opens
                  the file of each bit, then a third file, so that no two events in a row
                  are the same (inotify merges those).
+  inotify-dev    the same on /dev/full, /dev/zero and /dev/random: the host's device
+                 nodes, bound into every sandbox's /dev, with or without a private userland.
+
+Channels through the page cache of an image's tree (--image TREE, a tree with
+/usr/bin/python3): the bench copies it (to an xfs of its own with --reflink) and adds its
+own file, /karotte-bench/blob, whose pages it drops from the host's caches before each
+run. The sender's sandbox is closed before the receiver's is made, as for the cache
+channels above.
+
+  image-timing, image-pagemap      both sandboxes on the image itself: every sandbox on
+                                   an image reads the same lower inodes
+  private-timing, private-pagemap  each sandbox on a private copy of its own
+                                   (karotte/private_tree.py, ctx.run's private_userland):
+                                   a copy into the tmpfs, or with --reflink a reflink,
+                                   whose data blocks the copies share (--stride N spaces
+                                   the bits N pages apart, past the readahead of a cache
+                                   below the filesystem)
 
 Needs what Karotte needs, and root for the census of cold pages (cachestat of files the
 caller may not write is refused).
@@ -50,13 +67,17 @@ caller may not write is refused).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import math
 import os
 import random
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -65,15 +86,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:  # run from a checkout without an install
     sys.path.insert(0, REPO)
 
+from karotte.private_tree import private_tree  # noqa: E402
 from karotte.sandbox import Sandbox  # noqa: E402
 from karotte.seccomp import SYSCALL_NUMBERS  # noqa: E402
+from karotte.spec import SandboxSpec  # noqa: E402
 
 PAGE = 4096
 WINDOW = 16  # fault-around maps up to 64 KiB around a fault, aligned to it
 CACHE_CHANNELS = ("cache-timing", "cache-pagemap", "rwf-nowait", "cachestat", "mincore",
                   "map-populate")
-LIVE_CHANNELS = ("futex", "inotify")
-CHANNELS = CACHE_CHANNELS + LIVE_CHANNELS
+LIVE_CHANNELS = ("futex", "inotify", "inotify-dev")
+CHANNELS = CACHE_CHANNELS + LIVE_CHANNELS  # those on the host's /usr and /dev: the default
+IMAGE_CHANNELS = ("image-timing", "image-pagemap", "private-timing", "private-pagemap")
 PYTHON = "/usr/bin/python3"  # the host's, bound read-only into every sandbox
 ARCH = os.uname().machine
 
@@ -443,22 +467,20 @@ def receive_marks(receiver: Sandbox, method: str, path: str, pages: list[int]) -
     return _exec(receiver, RECEIVER_CACHE, method, path, json.dumps(pages), _numbers())
 
 
-def cache_run(channel: str, bits: list[int], cold: ColdPages) -> Run:
-    if channel == "cache-pagemap":
-        # 15 bits in each 16-page window; its first page is the receiver's to fault.
-        windows = -(-len(bits) // (WINDOW - 1))
-        path, first = cold.take(windows * WINDOW, align=WINDOW)
+def _layout(method: str, nbits: int, take, stride: int = 1) -> tuple[str, list[int]]:
+    """The file and the pages that carry nbits: take(count, align) -> (path, first page).
+    pagemap: 15 bits in each 16-page window, whose first page is the receiver's to fault;
+    else one bit every `stride` pages."""
+    if method == "pagemap":
+        windows = -(-nbits // (WINDOW - 1))
+        path, first = take(windows * WINDOW, WINDOW)
         pages = [first + w * WINDOW + 1 + i for w in range(windows) for i in range(WINDOW - 1)]
-        pages = pages[:len(bits)]
-    else:
-        path, first = cold.take(len(bits))
-        pages = [first + i for i in range(len(bits))]
-    with Sandbox() as sender:
-        sent = send_marks(sender, path, [page for page, bit in zip(pages, bits) if bit])
-    method = {"cache-timing": "timing", "cache-pagemap": "pagemap", "rwf-nowait": "nowait",
-              "map-populate": "populate"}.get(channel, channel)
-    with Sandbox() as receiver:  # made after the sender's sandbox is gone
-        got = receive_marks(receiver, method, path, pages)
+        return path, pages[:nbits]
+    path, first = take(nbits * stride, 1)
+    return path, [first + i * stride for i in range(nbits)]
+
+
+def _run_of(channel: str, method: str, bits: list[int], sent: float, got: dict) -> Run:
     read_ns = None
     if method == "timing":
         cut = threshold(got["results"])
@@ -474,6 +496,111 @@ def cache_run(channel: str, bits: list[int], cold: ColdPages) -> Run:
                information(bits, decoded), sent + got["seconds"], failures, read_ns)
 
 
+def cache_run(channel: str, bits: list[int], cold: ColdPages) -> Run:
+    method = {"cache-timing": "timing", "cache-pagemap": "pagemap", "rwf-nowait": "nowait",
+              "map-populate": "populate"}.get(channel, channel)
+    path, pages = _layout(method, len(bits), cold.take)
+    with Sandbox() as sender:
+        sent = send_marks(sender, path, [page for page, bit in zip(pages, bits) if bit])
+    with Sandbox() as receiver:  # made after the sender's sandbox is gone
+        got = receive_marks(receiver, method, path, pages)
+    return _run_of(channel, method, bits, sent, got)
+
+
+class BenchImage:
+    """The image of the image channels: a copy of --image (a tree with python3) on disk,
+    or with --reflink on an xfs of its own (a loop device) that holds the runtime
+    directory too, so that private copies are reflinks; and in it the bench's own file,
+    /karotte-bench/blob, whose pages the host drops before each run (the bench's file,
+    not the host's: nothing else reads it)."""
+
+    def __init__(self, source: str, reflink: bool, pages: int):
+        self.base = tempfile.mkdtemp(prefix="karotte-bench-image-", dir="/var/tmp")
+        os.chmod(self.base, 0o755)
+        self.backing = None
+        self._env = os.environ.get("KAROTTE_RUNTIME_DIR")
+        top = self.base
+        if reflink:
+            self.backing = os.path.join(self.base, "xfs.img")
+            with open(self.backing, "wb") as f:
+                f.truncate(4 << 30)
+            subprocess.run(["mkfs.xfs", "-q", self.backing], check=True)
+            top = os.path.join(self.base, "mnt")
+            os.mkdir(top)
+            subprocess.run(["mount", "-o", "loop", self.backing, top], check=True)
+            os.chmod(top, 0o755)
+            runtime = os.path.join(top, "runtime")
+            os.mkdir(runtime, 0o755)
+            os.environ["KAROTTE_RUNTIME_DIR"] = runtime  # private copies go here: reflinks
+        self.mount = top if reflink else None
+        self.tree = os.path.join(top, "rootfs")
+        subprocess.run(["cp", "-a", "--reflink=auto", source, self.tree], check=True)
+        os.mkdir(os.path.join(self.tree, "karotte-bench"), 0o755)
+        self.blob = os.path.join(self.tree, "karotte-bench", "blob")
+        with open(self.blob, "wb") as f:
+            for _ in range(-(-pages // 256)):
+                f.write(os.urandom(256 * PAGE))
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(self.blob, 0o644)
+        self.pages = -(-pages // 256) * 256
+
+    def cold(self) -> None:
+        """Every page of the blob out of the host's caches: the xfs's, and the loop
+        device's backing file's beneath it."""
+        for path in (self.blob, self.backing):
+            if path:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+        if cached_pages(self.blob):
+            raise RuntimeError(f"{self.blob} stayed cached after POSIX_FADV_DONTNEED")
+
+    def take(self, count: int, align: int) -> tuple[str, int]:
+        if count > self.pages:
+            raise RuntimeError(f"the blob has {self.pages} pages, fewer than a run needs "
+                               f"({count}); run with fewer --bits")
+        return "/karotte-bench/blob", 0
+
+    def close(self) -> None:
+        if self._env is None:
+            os.environ.pop("KAROTTE_RUNTIME_DIR", None)
+        else:
+            os.environ["KAROTTE_RUNTIME_DIR"] = self._env
+        if self.mount:
+            subprocess.run(["umount", self.mount], check=True)
+        shutil.rmtree(self.base)
+
+
+@contextlib.contextmanager
+def _userland(image: BenchImage, private: bool):
+    if not private:
+        yield f"dir:{image.tree}"
+        return
+    with private_tree(f"dir:{image.tree}") as copy:
+        yield copy.image
+
+
+def image_run(channel: str, bits: list[int], image: BenchImage, stride: int = 1) -> Run:
+    """A page-cache channel between two sandboxes on one image: the sender's run, closed
+    before the receiver's is made (a check run, then a timed one), both on the image
+    itself (image-*) or each on a private copy of its own (private-*). stride: the timing
+    channels' bits that many pages apart (beyond the readahead of a cache below the
+    filesystem, such as a loop device's backing file, which reflinked copies share)."""
+    method = channel.split("-", 1)[1]
+    private = channel.startswith("private-")
+    path, pages = _layout(method, len(bits), image.take, stride)
+    image.cold()
+    with _userland(image, private) as root, Sandbox(SandboxSpec(image=root)) as sender:
+        sent = send_marks(sender, path, [page for page, bit in zip(pages, bits) if bit])
+    with _userland(image, private) as root, Sandbox(SandboxSpec(image=root)) as receiver:
+        got = receive_marks(receiver, method, path, pages)
+    return _run_of(channel, method, bits, sent, got)
+
+
 def live_run(channel: str, bits: list[int]) -> Run:
     with Sandbox() as receiver, Sandbox() as sender:
         if channel == "futex":
@@ -481,7 +608,8 @@ def live_run(channel: str, bits: list[int]) -> Run:
             program, args = FUTEX, (path,)
             tail = (_numbers(),)
         else:
-            program, args, tail = INOTIFY, (json.dumps(INOTIFY_FILES),), ()
+            files = INOTIFY_DEV_FILES if channel == "inotify-dev" else INOTIFY_FILES
+            program, args, tail = INOTIFY, (json.dumps(files),), ()
         heard: dict = {}
         listener = threading.Thread(target=lambda: heard.update(
             _exec(receiver, program, "receive", *args, json.dumps(len(bits)), *tail)))
@@ -497,6 +625,9 @@ def live_run(channel: str, bits: list[int]) -> Run:
 
 INOTIFY_FILES = ["/usr/share/common-licenses/Apache-2.0", "/usr/share/common-licenses/Artistic",
                  "/usr/share/common-licenses/BSD"]
+# The host's device nodes, which every sandbox has as binds in its /dev, on an image as on
+# the host's userland: a private userland leaves these shared. Ones the host seldom opens.
+INOTIFY_DEV_FILES = ["/dev/full", "/dev/zero", "/dev/random"]
 
 
 def summarize(runs: list[Run]) -> dict:
@@ -521,37 +652,66 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="256 bits, 2 runs (a smoke run)")
     ap.add_argument("--bits", type=int, help="bits per run (default 4096)")
     ap.add_argument("--runs", type=int, help="runs per channel (default 5)")
-    ap.add_argument("--channels", default=",".join(CHANNELS),
-                    help=f"comma-separated subset of {','.join(CHANNELS)}")
+    ap.add_argument("--channels",
+                    help=f"comma-separated subset of {','.join(CHANNELS + IMAGE_CHANNELS)} "
+                         f"(default: {','.join(CHANNELS)}, and with --image the image "
+                         f"channels)")
+    ap.add_argument("--image", metavar="TREE",
+                    help="a root filesystem tree with /usr/bin/python3 (one mmdebstrap made, "
+                         "say) for the image channels; the bench runs on a copy of it")
+    ap.add_argument("--reflink", action="store_true",
+                    help="the image channels' image and $KAROTTE_RUNTIME_DIR on an xfs of "
+                         "their own (a loop device; root, mkfs.xfs): private copies are "
+                         "reflinks")
+    ap.add_argument("--stride", type=int, default=1,
+                    help="image timing channels: one bit every N pages (default 1)")
     ap.add_argument("--json", metavar="FILE", help="write every run and the summary")
     args = ap.parse_args(argv)
-    channels = [c for c in args.channels.split(",") if c]
-    unknown = sorted(set(channels) - set(CHANNELS))
+    default = CHANNELS + (IMAGE_CHANNELS if args.image else ())
+    channels = [c for c in (args.channels or ",".join(default)).split(",") if c]
+    unknown = sorted(set(channels) - set(CHANNELS + IMAGE_CHANNELS))
     if unknown:
-        ap.error(f"unknown channels {', '.join(unknown)}; choose from {', '.join(CHANNELS)}")
+        ap.error(f"unknown channels {', '.join(unknown)}; choose from "
+                 f"{', '.join(CHANNELS + IMAGE_CHANNELS)}")
+    if set(channels) & set(IMAGE_CHANNELS) and not args.image:
+        ap.error("the image channels need --image TREE, a tree with /usr/bin/python3")
     nbits = args.bits or (256 if args.quick else 4096)
     nruns = args.runs or (2 if args.quick else 5)
 
-    print("census of /usr (cachestat from the host) ...", file=sys.stderr, flush=True)
-    found = census()
-    print(f"/usr: {found.files} files, {found.pages} pages, {found.cold_pages} cold "
-          f"({found.cold_pages * PAGE / 2**30:.2f} GiB): each cache-channel bit takes one "
-          f"cold page, so they carry at most {found.cold_pages} bits until the host evicts "
-          f"them again; {len(found.cold_files)} wholly cold files of 16 MiB or more")
-    cold = ColdPages(found.cold_files)
+    found = cold = None
+    if set(channels) & set(CACHE_CHANNELS):
+        print("census of /usr (cachestat from the host) ...", file=sys.stderr, flush=True)
+        found = census()
+        print(f"/usr: {found.files} files, {found.pages} pages, {found.cold_pages} cold "
+              f"({found.cold_pages * PAGE / 2**30:.2f} GiB): each cache-channel bit takes one "
+              f"cold page, so they carry at most {found.cold_pages} bits until the host evicts "
+              f"them again; {len(found.cold_files)} wholly cold files of 16 MiB or more")
+        cold = ColdPages(found.cold_files)
+    image = None
+    if set(channels) & set(IMAGE_CHANNELS):
+        image = BenchImage(args.image, args.reflink,
+                           max(nbits * args.stride, nbits * WINDOW // (WINDOW - 1) + WINDOW))
     rng = random.Random(20240607)
     results: dict[str, list[Run]] = {}
-    for channel in channels:
-        for n in range(nruns):
-            bits = [rng.randint(0, 1) for _ in range(nbits)]
-            run = cache_run(channel, bits, cold) if channel in CACHE_CHANNELS \
-                else live_run(channel, bits)
-            results.setdefault(channel, []).append(run)
-            print(f"  {channel} run {n + 1}: {run.bits_per_second:,.0f} bits/s, error rate "
-                  f"{run.error_rate:.4f}, {run.information:.3f} bits of information per bit, "
-                  f"{run.decoded} decoded"
-                  + (f", probe failed: {', '.join(run.failures)}" if run.failures else ""),
-                  file=sys.stderr, flush=True)
+    try:
+        for channel in channels:
+            for n in range(nruns):
+                bits = [rng.randint(0, 1) for _ in range(nbits)]
+                if channel in CACHE_CHANNELS:
+                    run = cache_run(channel, bits, cold)
+                elif channel in IMAGE_CHANNELS:
+                    run = image_run(channel, bits, image, args.stride)
+                else:
+                    run = live_run(channel, bits)
+                results.setdefault(channel, []).append(run)
+                print(f"  {channel} run {n + 1}: {run.bits_per_second:,.0f} bits/s, error rate "
+                      f"{run.error_rate:.4f}, {run.information:.3f} bits of information per "
+                      f"bit, {run.decoded} decoded"
+                      + (f", probe failed: {', '.join(run.failures)}" if run.failures else ""),
+                      file=sys.stderr, flush=True)
+    finally:
+        if image is not None:
+            image.close()
     summary = {channel: summarize(runs) for channel, runs in results.items()}
     print(f"\n{'channel':15s} {'bits/s':>10s} {'error rate':>11s} {'info/bit':>9s} "
           f"{'capacity b/s':>13s} {'decoded':>8s}  probe failed")
@@ -565,7 +725,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"ns, of a cold one {s['median_read_ns']['cold']:,.0f} ns (medians)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"census": {k: v for k, v in asdict(found).items() if k != "cold_files"},
+            json.dump({"census": found and {k: v for k, v in asdict(found).items()
+                                            if k != "cold_files"},
+                       "image": image and {"source": args.image, "reflink": args.reflink},
                        "summary": summary,
                        "runs": {c: [asdict(r) for r in rs] for c, rs in results.items()}},
                       f, indent=2)

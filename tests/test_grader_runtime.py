@@ -24,7 +24,7 @@ class Scripted(GradeContext):
         self.count, self.seen, self.limits = {}, [], []
 
     def run(self, argv, *, stdin=b"", timeout=10.0, memory=0, pids=64, cpus=1.0,
-            output_limit=0):
+            output_limit=0, private_userland=False):
         program = argv[0]
         n = self.count.get(program, 0)
         self.count[program] = n + 1
