@@ -8,6 +8,8 @@ so the mount plan and the probe import it without the C extension.
 """
 from __future__ import annotations
 
+import array
+import socket
 import struct
 from dataclasses import dataclass
 from typing import Iterator
@@ -158,6 +160,19 @@ def parse(data: bytes) -> Reply:
         raise ValueError("short message from karotte-init")
     type_, id_ = _HEADER.unpack_from(data)
     return Reply(type_, id_, dict(_records(data, _HEADER.size)))
+
+
+def recv(sock: socket.socket, maxfds: int) -> tuple[bytes, list[int], int]:
+    """One message from init: (data, fds, recvmsg flags). The fds are close-on-exec
+    (MSG_CMSG_CLOEXEC, which socket.recv_fds drops): the workspace's and the upper's fds and
+    a pty's master must not reach a program the trainer starts."""
+    data, ancdata, flags, _addr = sock.recvmsg(
+        MAX_MSG, socket.CMSG_SPACE(maxfds * array.array("i").itemsize), socket.MSG_CMSG_CLOEXEC)
+    fds = array.array("i")
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds), flags
 
 
 def rusage(reply: Reply) -> tuple[float, float, int]:

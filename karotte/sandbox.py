@@ -203,7 +203,7 @@ class _Core:
 
     def recv_with_fds(self) -> tuple[p.Reply | None, list[int]]:
         try:
-            data, fds, flags, _addr = socket.recv_fds(self.sock, p.MAX_MSG, 4)
+            data, fds, flags = p.recv(self.sock, 4)
         except (BlockingIOError, InterruptedError):
             raise
         except OSError:

@@ -91,10 +91,12 @@ class ScanError(KarotteError):
 
 
 def relation(path: AnyStr, deliverable: AnyStr) -> str | None:
-    """Where a workspace path lies against a deliverable (both relative, no leading or
-    trailing '/'): "at" the deliverable or on the way to it, "inside" it (a deliverable
-    directory), or None. Escaped text or raw bytes alike."""
+    """Where a path lies against a deliverable (relative to the workspace, or absolute as a
+    filesystem diff's are: a leading '/' of either does not count; no trailing '/'): "at"
+    the deliverable or on the way to it, "inside" it (a deliverable directory), or None.
+    Escaped text or raw bytes alike."""
     sep = "/" if isinstance(path, str) else b"/"
+    path, deliverable = path.lstrip(sep), deliverable.lstrip(sep)
     if path == deliverable or deliverable.startswith(path + sep):
         return "at"
     if path.startswith(deliverable + sep):

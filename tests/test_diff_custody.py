@@ -200,7 +200,7 @@ def test_DIFF_DELETE_01_a_deleted_base_file_stays_deleted_for_ctx_run(on_image, 
 
 @episodes  # not in the lane: its 6.1 tmpfs upper has no user xattrs, and rm -rf of an image
 # directory fails there with EIO in the agent's own sandbox
-def test_DIFF_DELETE_01_a_replaced_directory_holds_only_what_the_agent_put_there(on_image,
+def test_DIFF_OPAQUE_01_a_replaced_directory_holds_only_what_the_agent_put_there(on_image,
                                                                                  no_leaks):
     probe = {"runs": [["ls", "-A", "/etc/apt"]], "read": ["/etc/apt/only"]}
     outcome = play(on_image(probe),
@@ -222,7 +222,7 @@ DEB = ("mkdir -p /root/pkg/DEBIAN /root/pkg/usr/bin && "
 
 @in_the_lane_too
 @episodes
-def test_DIFF_PKG_01_a_package_the_root_agent_installs_is_seen_by_ctx_run(on_image, no_leaks):
+def test_DIFF_DPKG_01_a_package_the_root_agent_installs_is_seen_by_ctx_run(on_image, no_leaks):
     probe = {"runs": [["karotte-hello"],
                       ["dpkg-query", "-W", "-f=${Status}", "karotte-hello"],
                       ["python3", "-I", "-c", "import agentmod; print(agentmod.ANSWER)"]]}
