@@ -99,8 +99,10 @@ class Environment:
     #: grading, nested runs included
     grader_limits: ClassVar[SandboxSpec] = SandboxSpec(memory=1 * GiB, pids=256, timeout=300.0,
                                                        disk=256 * MiB)
-    #: paths under /workspace that grade() reads. A violation on one (a symlink, a FIFO,
-    #: a file over the size cap...) scores the bottom reward with a reason.
+    #: paths that grade() reads: relative ones under /workspace; on an image also absolute
+    #: ones outside it ("/etc/nginx/nginx.conf"), which are in the agent's diff of the
+    #: image (ctx.changes). A violation on one (a symlink, a FIFO, a file over the size
+    #: cap...) scores the bottom reward with a reason.
     deliverables: ClassVar[Sequence[str]] = ()
     #: the custody scan's budgets (docs/scan.md); tighten them to what the task needs
     scan_limits: ClassVar[ScanLimits] = ScanLimits()
@@ -191,7 +193,10 @@ def check_environment(env: object) -> Environment:
         raise TypeError(f"{name}.deliverables must be a tuple of paths, such as "
                         f"('answer.txt',), got {deliverables!r}")
     for d in deliverables:
-        check_path(d, f"{name}.deliverables entry")
+        if isinstance(d, str) and d.startswith("/"):
+            _check_absolute_deliverable(d, name, env.image)
+        else:
+            check_path(d, f"{name}.deliverables entry")
         if len(d.encode("utf-8", "surrogateescape")) > MAX_DELIVERABLE_BYTES \
                 or not d.isprintable() or "\\" in d:
             raise ValueError(f"{name}.deliverables entry {d!r} must be printable text without "
@@ -209,6 +214,37 @@ def check_environment(env: object) -> Environment:
         raise ValueError(f"{name}.reward_range must be (bottom, top), two finite numbers with "
                          f"bottom < top, got {bounds!r}")
     return env
+
+
+# Where an absolute deliverable cannot be: mounts of every sandbox of their own, which
+# are no part of the image's diff (docs/images.md, "Custody of the diff").
+NOT_IN_DIFF = {"/workspace": "the workspace: name its files relative to it ('answer.txt')",
+               "/tmp": "a tmpfs of the agent's sandbox, gone with it",
+               "/home/agent": "a tmpfs of the agent's sandbox, gone with it",
+               "/proc": "the sandbox's procfs", "/dev": "the sandbox's device nodes",
+               "/sys": "not in any sandbox"}
+
+
+def _check_absolute_deliverable(path: str, name: str, image: object) -> None:
+    """An absolute deliverable: on an image only, a file or directory of the agent's diff
+    (karotte/custody.py), written plainly and outside the sandbox's own mounts."""
+    what = f"{name}.deliverables entry {path!r}"
+    if image == "host":
+        raise ValueError(f"{what} is absolute: on the host's userland the agent can change "
+                         "/workspace only, so a deliverable is a path relative to it; absolute "
+                         f"paths are for an image's diff (declare {name}.image, "
+                         "docs/images.md)")
+    if "\0" in path:
+        raise ValueError(f"{what} contains a NUL byte")
+    parts = path[1:].split("/")
+    if path == "/" or path.endswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{what} must name one file or directory plainly: no '.', '..' or "
+                         "empty component, not '/' itself, no '/' at the end")
+    for top, why in NOT_IN_DIFF.items():
+        if path == top or path.startswith(top + "/"):
+            raise ValueError(f"{what} is under {top}, {why}; an absolute deliverable is a "
+                             "path of the image that the agent changes (/etc/..., /usr/..., "
+                             "/app/...)")
 
 
 def _check_images(env: Environment, name: str) -> None:

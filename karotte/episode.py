@@ -22,18 +22,16 @@ reward and the reason "budget_exhausted".
 from __future__ import annotations
 
 import asyncio
-import io
 import math
 import numbers
-import tarfile
 import threading
 import time
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Generic, Mapping, TypeVar
+from dataclasses import replace
+from typing import Any, Callable, Generic, TypeVar
 
 from . import imageref, images
-from .custody import Custody, deliverable_violations, take_custody
-from .environment import Environment, File, agent_spec, check_environment, check_files, load
+from .custody import Custody, check_changes_home, deliverable_violations, take_custody
+from .environment import Environment, agent_spec, check_environment, check_files, load
 from .errors import KarotteError, SandboxClosed
 from .grading import GradeReport, run_grader
 from .limiter import DEFAULT_CONCURRENCY, set_concurrency  # noqa: F401 (their old home)
@@ -46,84 +44,12 @@ from .sandbox import AsyncSandbox, Sandbox
 from .scan import ScanLimits
 from .seeding import env_name, env_seed
 from .spec import SandboxSpec
+from .toolcalls import IMAGE_TOOLS, UNTAR, ToolCall, ToolResult, render, tarball, tool_argv
+from .toolcalls import MAX_ARGUMENT, bash_argv  # noqa: F401 (their old home)
 from .userland import hide_package
 
-SHELL_STATE = "/home/agent/.karotte-shell-state"
-# Each command runs in a fresh bash that first restores the previous command's working
-# directory and exported variables, and saves them again on exit. No long-lived shell:
-# a timeout kills one command's process group and nothing else, and no output marker
-# exists that the agent could print to confuse the parser.
-SHELL = r"""
-if [ -r %(state)s ]; then . %(state)s; fi
-__karotte_save() {
-    export -n SHLVL _ OLDPWD 2>/dev/null  # this shell is ending: only the saved list changes
-    { export -p; printf 'cd -- %%q 2>/dev/null\n' "$PWD"; } > %(state)s 2>/dev/null
-}
-trap __karotte_save EXIT
-eval "$1"
-""" % {"state": SHELL_STATE}
-UNTAR = ["tar", "-x", "--no-same-owner", "-m", "-C", "/workspace", "-f", "-"]
-# What the tools run on an image, checked at reset, so that an image without one fails
-# there, named, and not at the agent's first call: the bash tool /bin/bash (no /bin/sh
-# fallback: the shell state above is bash's, and agents write bash), write_file /bin/sh,
-# read_file cat, placing the task's files tar. The host's userland has them all. Each is
-# looked for in PATH as the exec does (`command -v` would also find a shell's builtins).
-IMAGE_TOOLS = ["/bin/sh", "-c", "[ -x /bin/bash ] || echo /bin/bash; for t in cat tar; do "
-               'f=; IFS=:; for d in $PATH; do [ -x "$d/$t" ] && f=1; done; unset IFS; '
-               '[ -n "$f" ] || echo "$t"; done; true']
-TRUNCATED = "\n[karotte: output truncated, only the first {limit} bytes of {stream} are shown]\n"
-MAX_ARGUMENT = 128 * 1024 - 1  # MAX_ARG_STRLEN: the kernel's limit on one argv string
 DEFAULT_MAX_TURNS = 1000
 _S = TypeVar("_S", Sandbox, AsyncSandbox)
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    """One tool call as the agent sees it (text) and as the trainer logs it."""
-
-    text: str
-    exit_code: int | None
-    timed_out: bool
-    truncated: bool
-    wall_seconds: float
-
-
-def _render(result: ExecResult, limit: int, timeout: float) -> str:
-    text = result.stdout.decode("utf-8", errors="replace")
-    if result.stdout_truncated:
-        text += TRUNCATED.format(limit=limit, stream="stdout")
-    err = result.stderr.decode("utf-8", errors="replace")
-    if result.stderr_truncated:
-        err += TRUNCATED.format(limit=limit, stream="stderr")
-    if err:
-        text += err
-    if result.timed_out:
-        text += f"\n[karotte: the command timed out after {timeout:g} s and was killed]\n"
-    elif result.signal is not None:
-        text += f"\n[karotte: the command was killed by signal {result.signal}]\n"
-    if result.oom_killed:
-        text += "[karotte: the memory limit was reached]\n"
-    return text
-
-
-def _tarball(files: Mapping[str, bytes | str | File]) -> bytes:
-    """The workspace files (checked by check_files) as a tar archive for UNTAR."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path, content in files.items():
-            f = content if isinstance(content, File) else File(content)
-            data = f.data()
-            info = tarfile.TarInfo(path)
-            info.size, info.mode, info.mtime = len(data), f.mode, int(time.time())
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def bash_argv(command: str) -> list[str]:
-    """The agent's bash tool: one command run in the persistent shell state."""
-    return ["/bin/bash", "--noprofile", "--norc", "-c", SHELL, "bash", command]
-
-
 _imported: set[str] = set()  # images this process has imported into the store
 _import_lock = threading.Lock()
 
@@ -158,18 +84,6 @@ def _environment(env: object) -> Environment:
     return check_environment(env)
 
 
-@dataclass(frozen=True)
-class _Call:
-    """A tool call that may run: what to run, and whether the wall budget cut its time."""
-
-    tool: str
-    argument: str
-    argv: list[str]
-    stdin: bytes | str
-    timeout: float
-    cut_by_budget: bool
-
-
 class _Flow:
     """The episode's state and its decisions, shared by the sync and async faces."""
 
@@ -202,7 +116,10 @@ class _Flow:
 
     def agent_spec(self) -> SandboxSpec:
         """The environment's limits on its image, with its own package hidden from the host's
-        userland (karotte/userland.py). Its image is imported here if need be."""
+        userland (karotte/userland.py). Its image is imported here if need be, and the
+        host must be able to keep the agent's diff of it (check_changes_home)."""
+        if self.on_image:
+            check_changes_home()
         import_once(self.env.image)
         return hide_package(agent_spec(self.env), type(self.env).__module__)
 
@@ -240,7 +157,7 @@ class _Flow:
                             f"{type(prompt).__name__}")
         files = check_files(env.workspace_files(seed), "workspace_files", allow_file=True)
         check_files(env.hidden_files(seed), "hidden_files", allow_file=False)
-        return prompt, (UNTAR, _tarball(files)) if files else None
+        return prompt, (UNTAR, tarball(files)) if files else None
 
     @staticmethod
     def placed(result: ExecResult) -> None:
@@ -267,7 +184,7 @@ class _Flow:
     # -- tool calls
 
     def call(self, tool: str, argument: object, stdin: object = b"",
-             timeout: object = None) -> _Call | ToolResult:
+             timeout: object = None) -> ToolCall | ToolResult:
         """The tool call to run, or the ToolResult that says why it is not run: an argument
         no process can take (a NUL byte, over the kernel's 128 KiB for one argument, text
         that is not valid), or the budget used up. A model's output must never raise into
@@ -285,22 +202,10 @@ class _Flow:
         left = self.deadline - time.monotonic()
         if self.turns > self.max_turns or left <= 0:
             return self.refuse(tool, argument, self.budget_note(), end=True)
-        try:
-            size = len(argument.encode("utf-8", "surrogateescape"))
-        except UnicodeEncodeError:
-            return self.refuse(tool, argument, f"the {what} is not valid text (it has a lone "
-                                               "surrogate); nothing was run")
-        if "\0" in argument:
-            why = f"the {what} contains a NUL byte, which no program can take as an argument"
-        elif size > MAX_ARGUMENT:
-            why = (f"the {what} is {size} bytes, over the limit of {MAX_ARGUMENT}; "
-                   "write long content to a file with write_file")
-        else:
-            argv = {"bash": bash_argv(argument),
-                    "read_file": ["cat", "--", argument],
-                    "write_file": ["/bin/sh", "-c", 'cat > "$1"', "sh", argument]}[tool]
-            return _Call(tool, argument, argv, stdin, min(wanted, left), left < wanted)
-        return self.refuse(tool, argument, f"{why}; nothing was run")
+        argv = tool_argv(tool, argument)
+        if isinstance(argv, str):
+            return self.refuse(tool, argument, argv)
+        return ToolCall(tool, argument, argv, stdin, min(wanted, left), left < wanted)
 
     def _timeout(self, timeout: object) -> float:
         """The command's time limit: the trainer's timeout, cut to the environment's
@@ -330,13 +235,13 @@ class _Flow:
                               None, False, False, 0.0)
         return ToolResult(f"error: {why}", None, False, False, 0.0)
 
-    def record(self, call: _Call, result: ExecResult, limit: int) -> ToolResult:
+    def record(self, call: ToolCall, result: ExecResult, limit: int) -> ToolResult:
         truncated = result.stdout_truncated or result.stderr_truncated
         self.t_agent += result.wall_seconds
         self.log.append(ExecRecord(call.tool, capped(call.argument, ARGUMENT_LOG_LIMIT),
                                    result.exit_code, result.timed_out, truncated,
                                    result.wall_seconds))
-        text = _render(result, limit, call.timeout)
+        text = render(result, limit, call.timeout)
         if result.timed_out and call.cut_by_budget:
             self.outcome(None, "budget_exhausted")
             text += f"[karotte: {self.budget_note()}; the episode is over]\n"
@@ -371,7 +276,8 @@ class _Flow:
             custody.violations_dropped if custody else 0,
             None if infra_error is None else capped(infra_error, INFRA_ERROR_LIMIT),
             timings, tuple(self.log), details, dropped,
-            capped(report.log, GRADER_LOG_RECORD_LIMIT) if report else "")
+            capped(report.log, GRADER_LOG_RECORD_LIMIT) if report else "",
+            custody.changed_paths if custody else 0, custody.deleted_paths if custody else 0)
         return self.finished
 
     def judge(self, custody: Custody) -> Outcome | None:
@@ -396,11 +302,12 @@ class _Flow:
         return self.outcome(report.reward, "graded", custody, report, grade_seconds=seconds)
 
     def finish(self, kill_all: Callable[[], None], workspace_fd: int,
-               close: Callable[[], None]) -> Outcome:
-        """Custody, then grading; blocking (the async face runs it in a worker thread)."""
+               close: Callable[[], None], upper_fd: int | None = None) -> Outcome:
+        """Custody, then grading; blocking (the async face runs it in a worker thread).
+        upper_fd: on an image, the overlay's upper (the agent's diff of the image)."""
         try:
             custody = take_custody(kill_all, workspace_fd, self.scan_limits,
-                                   self.env.deliverables)
+                                   self.env.deliverables, upper_fd)
         except (KarotteError, OSError) as exc:
             close()
             return self.outcome(None, "infra_error", infra_error=f"custody failed: {exc}")
@@ -411,7 +318,8 @@ class _Flow:
                 return decided
             t = time.monotonic()
             try:
-                report = run_grader(self.env, self.env_seed, custody.submission)
+                report = run_grader(self.env, self.env_seed, custody.submission,
+                                    custody.for_grader())
             except (KarotteError, OSError) as exc:
                 return self.outcome(None, "infra_error", custody,
                                     infra_error=f"grading failed: {exc}",
@@ -537,7 +445,7 @@ class Episode(_Facts[Sandbox]):
         if late is not None:
             self.close()
             return late
-        return flow.finish(sb.kill_all, sb.workspace_fd, self.close)
+        return flow.finish(sb.kill_all, sb.workspace_fd, self.close, sb.upper_fd)
 
     def close(self) -> None:
         sb = self._let_go()
@@ -631,7 +539,7 @@ class AsyncEpisode(_Facts[AsyncSandbox]):
             return flow.finished
         sb = self._live()
         outcome = flow.out_of_time() or await self._in_thread(
-            flow.finish, sb.kill_all_blocking, sb.workspace_fd, sb.close_blocking)
+            flow.finish, sb.kill_all_blocking, sb.workspace_fd, sb.close_blocking, sb.upper_fd)
         await self.close()
         return outcome
 

@@ -2,7 +2,8 @@
 
 REC-BOUND-01: every text an Outcome keeps has a size that the agent cannot grow, as
 bytes of its JSON form (results.capped). The log has one record per tool call, and the
-budget bounds the calls; the violations are bounded by the scan (docs/scan.md).
+budget bounds the calls; the violations are bounded by the scans (docs/scan.md), the
+workspace's and the image diff's together (karotte/custody.py).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ class Timings:
     reset: float = 0.0
     agent: float = 0.0  # the tool calls together
     kill: float = 0.0
-    scan: float = 0.0
+    scan: float = 0.0  # the workspace's scan and copy, and the image diff's
     grade: float = 0.0
     total: float = 0.0
 
@@ -51,14 +52,17 @@ class Outcome:
     seed: int  # the trainer's seed (never the one derived for the environment)
     reward: float
     reason: str  # one of REASONS: "graded", "gave_up", "budget_exhausted", ..., "infra_error"
-    violations: tuple[Violation, ...]  # those the scan holds (docs/scan.md)
-    violations_dropped: int  # found by the scan, over what it holds: counted only
+    violations: tuple[Violation, ...]  # those custody holds: the workspace's (relative
+    # paths), then the image diff's (absolute paths); docs/scan.md, docs/images.md
+    violations_dropped: int  # found by the scans, over what custody holds: counted only
     infra_error: str | None  # set only when the infrastructure failed: mask, do not score
     timings: Timings
     log: tuple[ExecRecord, ...]  # one per tool call: max_turns, and the one it refused
     details: Mapping[str, Any]  # from the grader: JSON data, top-level entries that fit
     details_dropped: int  # top-level entries of the grader's details left out
     grader_log: str
+    changed_paths: int = 0  # on an image: files and directories of the diff custody kept
+    deleted_paths: int = 0  # on an image: paths of the image the agent deleted
 
     def __post_init__(self):
         if self.reason not in REASONS:
@@ -73,7 +77,8 @@ class Outcome:
             "violations_dropped": self.violations_dropped, "infra_error": self.infra_error,
             "timings": asdict(self.timings), "log": [asdict(r) for r in self.log],
             "details": dict(self.details), "details_dropped": self.details_dropped,
-            "grader_log": self.grader_log,
+            "grader_log": self.grader_log, "changed_paths": self.changed_paths,
+            "deleted_paths": self.deleted_paths,
         }
 
 
