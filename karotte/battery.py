@@ -86,8 +86,9 @@ def _py(code: str) -> str:
 
 
 def _in_workspace(path: str) -> str:
-    """A deliverable's absolute path: attacks never depend on the shell's directory."""
-    return "/workspace/" + path.strip("/")
+    """A deliverable's absolute path: attacks never depend on the shell's directory. An
+    absolute deliverable (on an image, a path of the agent's diff) is already one."""
+    return path if path.startswith("/") else "/workspace/" + path.strip("/")
 
 
 def attacks_for(env: Environment, seed: int) -> list[Attack]:
