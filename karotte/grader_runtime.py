@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Sequence
 
-from .results import ExecResult
+from .results import EgressRecord, ExecResult
 from .spec import MiB
 
 REPLY_SLACK = 256 * 1024  # a run reply's JSON and base64 around its output
@@ -170,6 +170,7 @@ def encode_result(result: ExecResult) -> dict:
     out = {f.name: getattr(result, f.name) for f in fields(ExecResult)}
     out["stdout"] = base64.b64encode(result.stdout).decode()
     out["stderr"] = base64.b64encode(result.stderr).decode()
+    out["egress"] = result.egress.to_dict() if result.egress is not None else None
     return out
 
 
@@ -203,6 +204,8 @@ def decode_result(obj: dict) -> ExecResult:
     values = {f.name: obj[f.name] for f in fields(ExecResult)}
     values["stdout"] = base64.b64decode(obj["stdout"])
     values["stderr"] = base64.b64decode(obj["stderr"])
+    if values["egress"] is not None:
+        values["egress"] = EgressRecord.from_dict(values["egress"])
     return ExecResult(**values)
 
 

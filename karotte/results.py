@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # Why an episode ended, the closed set of Outcome.reason (listed for users in
 # docs/examples.md, "What an outcome's reason says"). All but "graded" score the bottom.
@@ -34,6 +34,63 @@ VIOLATION_KINDS = frozenset({
 })
 
 
+EXEC_REACHES = 100  # of one exec's reaches an ExecResult holds; the rest counted in dropped
+REACH_TEXT_LIMIT = 300  # bytes of JSON of a held Reach's host and of its detail
+
+
+@dataclass(frozen=True)
+class Reach:
+    """One destination the agent asked for through the egress proxy, and what came of it
+    (karotte/egress/proxy.py writes them; docs/egress.md)."""
+
+    via: str  # "connect" (a tunnel), "http" (a plain request) or "upstream:NAME"
+    host: str
+    port: int
+    allowed: bool  # the check's decision
+    reason: str  # of karotte.egress.REASONS: "ok", why it was refused, or why it was cut
+    bytes_sent: int  # agent -> destination
+    bytes_received: int  # destination -> agent
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class EgressRecord:
+    """What a sandbox (or one exec of it) reached, in the order the proxy saw it."""
+
+    reaches: tuple[Reach, ...] = ()
+    dropped: int = 0  # reaches past the cap, counted, not held
+
+    @property
+    def refused(self) -> tuple[Reach, ...]:
+        return tuple(r for r in self.reaches if not r.allowed)
+
+    @property
+    def total(self) -> int:
+        """Every reach the record saw, held or dropped."""
+        return len(self.reaches) + self.dropped
+
+    def since(self, earlier: EgressRecord, limit: int) -> EgressRecord:
+        """The reaches opened after `earlier`, an older record of the same sandbox: at most
+        `limit` held, their text capped, the rest counted in dropped (REC-BOUND-01). The
+        proxy's log only appends, and past its own cap only counts, so the reaches held
+        past len(earlier.reaches) are exactly the new ones that it holds."""
+        new = self.reaches[len(earlier.reaches):][:limit]
+        return EgressRecord(tuple(replace(r, host=capped(r.host, REACH_TEXT_LIMIT),
+                                          detail=capped(r.detail, REACH_TEXT_LIMIT))
+                                  for r in new), self.total - earlier.total - len(new))
+
+    def bounded(self, limit: int) -> EgressRecord:
+        """This record as since() holds it: at most `limit` reaches, their text capped."""
+        return self.since(EgressRecord(), limit)
+
+    def to_dict(self) -> dict:
+        return {"reaches": [r.__dict__.copy() for r in self.reaches], "dropped": self.dropped}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> EgressRecord:
+        return cls(tuple(Reach(**r) for r in data["reaches"]), int(data["dropped"]))
+
+
 @dataclass(frozen=True)
 class ExecResult:
     """How one command ended. Exactly one of exit_code and signal is set, unless the
@@ -53,6 +110,9 @@ class ExecResult:
     # kernel cannot reset the peak per exec (cgroup v2 before Linux 6.12) or no cgroup
     error: str | None = None  # why the command could not start
     error_step: str | None = None  # where it could not: a step of karotte.steps.STEPS
+    # With a network policy: what the sandbox reached from this exec's start to its end
+    # (at most EXEC_REACHES, docs/egress.md "The record of each exec"); None with "none"
+    egress: EgressRecord | None = None
 
     @property
     def ok(self) -> bool:

@@ -19,7 +19,7 @@ import signal
 import socket
 import termios
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 from . import cgroups, imageroot, lifecycle, native, net, plan, start_errors
@@ -28,7 +28,7 @@ from .execenv import exec_cwd, exec_env
 from .execenv import DEFAULT_ENV  # noqa: F401 (public here too)
 from .userns import identity
 from .userns import AGENT_UID, DEFAULT_UID_BASE, ns_owner_ids  # noqa: F401 (public here too)
-from .results import ExecResult
+from .results import EXEC_REACHES, ExecResult
 from .errors import CgroupError, HostUnsupported, SandboxClosed, SandboxError, out_of_fds
 from .protections import CGROUP_LINES, NO_CGROUP
 from .exec_io import KILL_GRACE, ExecOp, drive_async, drive_sync
@@ -62,11 +62,13 @@ class _Core:
         self.pidfd: int | None = None
         self.workspace_fd: int | None = None
         self.egress = None  # the EgressSession serving its listeners (karotte/net.py)
+        self.egress_closed = None  # that session once closed, for its record
         self.upper_fd: int | None = None  # on an image: the overlay's upper, the agent's diff
         self.broken: str | None = None
         self.closed = False
         self._next_id = 1
         self._oom_before = 0
+        self._egress_before = None  # the egress record as the running exec began
         self._spawn_args = None
 
     # -- creation: start() then finish_start(reply) once init answers
@@ -256,6 +258,7 @@ class _Core:
         if self.cgroup is not None:
             self.cgroup.reset_memory_peak()
             self._oom_before = self.cgroup.oom_kills()
+        self._egress_before = self.egress.record() if self.egress is not None else None
         exec_id = self._next_id
         self._next_id += 1
         return ExecOp(self, exec_id, argv, stdin or b"", timeout, full_env,
@@ -267,7 +270,13 @@ class _Core:
         if self.cgroup is not None:
             peak = self.cgroup.memory_peak()
             oom = self.cgroup.oom_kills() > self._oom_before
-        return op.result(peak, oom)
+        result = op.result(peak, oom)
+        if self.egress is None:
+            return result
+        # every reach opened from the exec's start to its end, by whichever of the
+        # sandbox's processes (docs/egress.md, "The record of each exec")
+        return replace(result, egress=self.egress.record().since(self._egress_before,
+                                                                  EXEC_REACHES))
 
     # -- teardown
 
@@ -332,7 +341,7 @@ class _Core:
             finally:
                 if self.egress is not None:
                     self.egress.close()
-                    self.egress = None
+                    self.egress_closed, self.egress = self.egress, None  # its record stays
                 if self.sock is not None:
                     self.sock.close()
                     self.sock = None
@@ -390,9 +399,10 @@ class _Facts:
         return self._core.pid
 
     def egress_record(self):
-        """What the agent reached through the egress proxy so far (a frozen
-        karotte.egress.EgressRecord), or None with network "none"."""
-        return self._core.egress.record() if self._core.egress is not None else None
+        """What the agent reached through the egress proxy so far, after close() all of
+        it (a frozen karotte.egress.EgressRecord), or None with network "none"."""
+        session = self._core.egress or self._core.egress_closed
+        return session.record() if session is not None else None
 
 
 class Sandbox(_Facts):

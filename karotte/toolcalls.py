@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from .environment import File
-from .results import ExecResult
+from .results import EgressRecord, ExecResult
 
 SHELL_STATE = "/home/agent/.karotte-shell-state"
 # Each command runs in a fresh bash that first restores the previous command's working
@@ -52,6 +52,7 @@ class ToolResult:
     timed_out: bool
     truncated: bool
     wall_seconds: float
+    egress: EgressRecord | None = None  # what the call reached (ExecResult.egress)
 
 
 def render(result: ExecResult, limit: int, timeout: float) -> str:

@@ -7,7 +7,8 @@ in `dropped`, so a flood of refused requests cannot grow the trainer's memory.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+
+from ..results import EgressRecord, Reach  # plain data, also in a grader's ctx.run results
 
 # The closed set of Reach.reason. "ok": allowed and ended normally.
 REASONS = frozenset({
@@ -30,33 +31,6 @@ REASONS = frozenset({
     "idle",  # nothing carried for EgressLimits.idle_timeout
 })
 MAX_REACHES = 1000
-
-
-@dataclass(frozen=True)
-class Reach:
-    """One destination the agent asked for, and what came of it."""
-
-    via: str  # "connect" (a tunnel), "http" (a plain request) or "upstream:NAME"
-    host: str
-    port: int
-    allowed: bool  # the check's decision
-    reason: str  # of REASONS: "ok", why it was refused, or why an allowed one was cut
-    bytes_sent: int  # agent -> destination
-    bytes_received: int  # destination -> agent
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class EgressRecord:
-    reaches: tuple[Reach, ...] = ()
-    dropped: int = 0  # entries past MAX_REACHES, not held
-
-    @property
-    def refused(self) -> tuple[Reach, ...]:
-        return tuple(r for r in self.reaches if not r.allowed)
-
-    def to_dict(self) -> dict:
-        return {"reaches": [r.__dict__.copy() for r in self.reaches], "dropped": self.dropped}
 
 
 class Entry:
