@@ -27,19 +27,19 @@ import numbers
 import threading
 import time
 from dataclasses import replace
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Mapping, TypeVar
 
 from . import imageref, images
 from .custody import Custody, check_changes_home, deliverable_violations, take_custody
 from .environment import Environment, agent_spec, check_environment, check_files, load
 from .errors import KarotteError, SandboxClosed
-from .grading import GradeReport, run_grader
+from .grading import GradeReport, phase_policy, run_grader
 from .limiter import DEFAULT_CONCURRENCY, set_concurrency  # noqa: F401 (their old home)
 from .limiter import Limiter, Slots, default_limiter
 from .mounts import WORKSPACE
-from .outcome import (ARGUMENT_LOG_LIMIT, GRADER_LOG_RECORD_LIMIT, INFRA_ERROR_LIMIT, ExecRecord,
-                      Outcome, Timings, bounded_details)
-from .results import ExecResult, capped
+from .outcome import (ARGUMENT_LOG_LIMIT, EPISODE_REACHES, GRADER_LOG_RECORD_LIMIT,
+                      INFRA_ERROR_LIMIT, ExecRecord, Outcome, Timings, bounded_details)
+from .results import EgressRecord, ExecResult, capped
 from .sandbox import AsyncSandbox, Sandbox
 from .scan import ScanLimits
 from .seeding import env_name, env_seed
@@ -73,6 +73,26 @@ def _seed(seed: object) -> int:
     return int(seed)
 
 
+def _headers(headers: object, env: Environment) -> dict[str, dict[str, str]]:
+    """Episode(upstream_headers=...) checked: upstream name -> header -> value, for
+    upstreams that the environment's network or grader_network declares."""
+    if headers is None:
+        return {}
+    if not (isinstance(headers, Mapping) and all(
+            isinstance(h, Mapping) and all(isinstance(k, str) and isinstance(v, str)
+                                           for k, v in h.items()) for h in headers.values())):
+        raise TypeError("upstream_headers maps an upstream's name to {header: value}, such "
+                        "as {'model': {'Authorization': 'Bearer ...'}}")
+    declared = {name for network in (env.network, env.grader_network) if network is not None
+                for name in network.upstreams}
+    unknown = sorted(set(headers) - declared)
+    if unknown:
+        raise ValueError(f"upstream_headers names the upstreams {unknown}, which neither "
+                         f"{type(env).__qualname__}.network nor .grader_network declares "
+                         f"({sorted(declared)})")
+    return {name: dict(h) for name, h in headers.items()}
+
+
 def _environment(env: object) -> Environment:
     if isinstance(env, str):
         try:
@@ -88,8 +108,16 @@ class _Flow:
     """The episode's state and its decisions, shared by the sync and async faces."""
 
     def __init__(self, env: Environment | str, seed: int, scan_limits: ScanLimits | None,
-                 key: bytes | str | None, max_turns: int, max_seconds: float | None):
+                 key: bytes | str | None, max_turns: int, max_seconds: float | None,
+                 upstream_headers: Mapping[str, Mapping[str, str]] | None):
         self.env = _environment(env)
+        # The credentials stay here, in the trainer: in the proxy's policy, never in a
+        # sandbox, never in a record. The grader's are checked now, used at grading.
+        self.headers = _headers(upstream_headers, self.env)
+        name = type(self.env).__qualname__
+        self.network = phase_policy(self.env.network, self.headers, f"{name}.network")
+        phase_policy(self.env.grader_network, self.headers, f"{name}.grader_network")
+        self.egress_of: Callable[[], EgressRecord | None] = lambda: None
         self.seed = _seed(seed)  # the trainer's; the environment only ever sees env_seed
         self.env_seed = env_seed(self.env, self.seed, key)
         self.name = env_name(self.env)
@@ -121,7 +149,8 @@ class _Flow:
         if self.on_image:
             check_changes_home()
         import_once(self.env.image)
-        return hide_package(agent_spec(self.env), type(self.env).__module__)
+        return hide_package(replace(agent_spec(self.env), network=self.network),
+                            type(self.env).__module__)
 
     @property
     def on_image(self) -> bool:
@@ -238,15 +267,17 @@ class _Flow:
     def record(self, call: ToolCall, result: ExecResult, limit: int) -> ToolResult:
         truncated = result.stdout_truncated or result.stderr_truncated
         self.t_agent += result.wall_seconds
+        egress = result.egress
         self.log.append(ExecRecord(call.tool, capped(call.argument, ARGUMENT_LOG_LIMIT),
                                    result.exit_code, result.timed_out, truncated,
-                                   result.wall_seconds))
+                                   result.wall_seconds, egress.total if egress else 0,
+                                   len(egress.refused) if egress else 0))
         text = render(result, limit, call.timeout)
         if result.timed_out and call.cut_by_budget:
             self.outcome(None, "budget_exhausted")
             text += f"[karotte: {self.budget_note()}; the episode is over]\n"
         return ToolResult(text, result.exit_code, result.timed_out, truncated,
-                          result.wall_seconds)
+                          result.wall_seconds, egress)
 
     def give_up(self) -> Outcome:
         self.log.append(ExecRecord("give_up", "", None, False, False, 0.0))
@@ -269,6 +300,7 @@ class _Flow:
                           custody.scan_seconds if custody else 0.0, grade_seconds,
                           time.monotonic() - self.t_start)
         details, dropped = bounded_details(report.details) if report else ({}, 0)
+        egress = self.egress_of()
         self.running = False
         self.finished = Outcome(
             self.name, self.seed, bottom if reward is None else reward, reason,
@@ -277,7 +309,9 @@ class _Flow:
             None if infra_error is None else capped(infra_error, INFRA_ERROR_LIMIT),
             timings, tuple(self.log), details, dropped,
             capped(report.log, GRADER_LOG_RECORD_LIMIT) if report else "",
-            custody.changed_paths if custody else 0, custody.deleted_paths if custody else 0)
+            custody.changed_paths if custody else 0, custody.deleted_paths if custody else 0,
+            egress.bounded(EPISODE_REACHES) if egress is not None else None,
+            report.egress if report else None)
         return self.finished
 
     def judge(self, custody: Custody) -> Outcome | None:
@@ -319,7 +353,7 @@ class _Flow:
             t = time.monotonic()
             try:
                 report = run_grader(self.env, self.env_seed, custody.submission,
-                                    custody.for_grader())
+                                    custody.for_grader(), self.headers)
             except (KarotteError, OSError) as exc:
                 return self.outcome(None, "infra_error", custody,
                                     infra_error=f"grading failed: {exc}",
@@ -370,15 +404,20 @@ class Episode(_Facts[Sandbox]):
 
     def __init__(self, env: Environment | str, seed: int = 0, *,
                  scan_limits: ScanLimits | None = None, key: bytes | str | None = None,
-                 max_turns: int = DEFAULT_MAX_TURNS, max_seconds: float | None = None):
+                 max_turns: int = DEFAULT_MAX_TURNS, max_seconds: float | None = None,
+                 upstream_headers: Mapping[str, Mapping[str, str]] | None = None):
         """env: an Environment instance, or its 'module:Name'. key: the secret that turns
         seed into the environment's seed (karotte/seeding.py); None takes the host's
         (KAROTTE_KEY, else its key file). The budget: max_turns, the most tool calls
         (bash, read_file, write_file) the agent gets; max_seconds, the most wall time from
         the end of reset() to finish() (None: no limit). A call past either is not run:
         the model is told, and the episode ends with the bottom reward and the reason
-        "budget_exhausted"."""
-        self._flow = _Flow(env, seed, scan_limits, key, max_turns, max_seconds)
+        "budget_exhausted". upstream_headers: the credentials of the upstreams that the
+        environment's network and grader_network declare, by upstream name ({'model':
+        {'Authorization': 'Bearer ...'}}), over those its headers_from_env takes from
+        this process's environment; added by the host-side proxy, never in a sandbox."""
+        self._flow = _Flow(env, seed, scan_limits, key, max_turns, max_seconds,
+                           upstream_headers)
         self._sandbox: Sandbox | None = None
 
     def reset(self) -> str:
@@ -389,6 +428,7 @@ class Episode(_Facts[Sandbox]):
         t = time.monotonic()
         prompt, setup = flow.prepare()
         self._sandbox = Sandbox(flow.agent_spec())
+        flow.egress_of = self._sandbox.egress_record  # readable after its close too
         try:
             if flow.on_image:
                 flow.tools_there(self._sandbox.exec(IMAGE_TOOLS))
@@ -468,13 +508,15 @@ class AsyncEpisode(_Facts[AsyncSandbox]):
     def __init__(self, env: Environment | str, seed: int = 0, *,
                  scan_limits: ScanLimits | None = None, key: bytes | str | None = None,
                  max_turns: int = DEFAULT_MAX_TURNS, max_seconds: float | None = None,
-                 limiter: Limiter | None = None):
+                 limiter: Limiter | None = None,
+                 upstream_headers: Mapping[str, Mapping[str, str]] | None = None):
         """As Episode. limiter: a Limiter shared with the episodes it bounds; None takes
         the default one (set_concurrency's) as it is at reset()."""
         if limiter is not None and not isinstance(limiter, Limiter):
             raise TypeError(f"limiter must be a karotte.limiter.Limiter (Limiter(n): n "
                             f"episodes at once), got {type(limiter).__name__}")
-        self._flow = _Flow(env, seed, scan_limits, key, max_turns, max_seconds)
+        self._flow = _Flow(env, seed, scan_limits, key, max_turns, max_seconds,
+                           upstream_headers)
         self._limiter = limiter
         self._sandbox: AsyncSandbox | None = None
         self._slots: Slots | None = None  # held from reset() to close()
@@ -495,6 +537,7 @@ class AsyncEpisode(_Facts[AsyncSandbox]):
             # On an image, in a thread: its first use in this process imports it.
             spec = await self._in_thread(flow.agent_spec) if flow.on_image else flow.agent_spec()
             self._sandbox = await AsyncSandbox(spec).start()
+            flow.egress_of = self._sandbox.egress_record
             if flow.on_image:
                 flow.tools_there(await self._sandbox.exec(IMAGE_TOOLS))
             if setup:

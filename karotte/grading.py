@@ -30,11 +30,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import cgroups, hostdirs, private_tree
-from .environment import Environment, grader_image_of, grader_spec, target_of
+from .egress.policy import EgressConfigError, EgressPolicy, parse_policy
+from .environment import Environment, Network, grader_image_of, grader_spec, target_of
 from .errors import KarotteError
 from .grader_runtime import (CHANGES, REQUEST_LIMIT, RUN_FILES, RUN_OUTPUT_LIMIT, WORKSPACE,
                              GraderError, check_run, encode_result, recv_message, send_message)
-from .results import ExecResult
+from .results import EgressRecord, ExecResult
 from .sandbox import Sandbox
 from .userns import sandbox_owner
 from .spec import Bind, SandboxSpec
@@ -86,6 +87,8 @@ class GradeReport:
     log: str = ""  # the grader's stderr and stdout, capped
     infra_error: str | None = None
     runs: int = 0  # programs the grader ran through ctx.run
+    # with Environment.grader_network: what those runs reached, in order (joined_egress)
+    egress: EgressRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -310,12 +313,57 @@ def _version(version: tuple[int, ...]) -> str:
     return ".".join(map(str, version))
 
 
+def phase_policy(network: Network | None,
+                 headers: Mapping[str, Mapping[str, str]] | None, what: str
+                 ) -> EgressPolicy | str:
+    """A phase's declared Network as the network of its sandboxes: "none" for None, else
+    the EgressPolicy with each upstream's headers from the trainer's side, the variables
+    of this process that headers_from_env names, then `headers` (upstream -> header ->
+    value) over them. `what` names the declaration in errors (MyEnv.network)."""
+    if network is None:
+        return "none"
+    upstreams = {}
+    for name, url in network.upstreams.items():
+        found = {}
+        for header, var in network.headers_from_env.get(name, {}).items():
+            if var not in os.environ:
+                raise EgressConfigError(
+                    f"{what}: the upstream {name!r} takes its {header} header from the "
+                    f"variable {var}, which this process's environment does not have: set "
+                    f"it (export {var}=...) or pass Episode(upstream_headers={{{name!r}: "
+                    f"{{{header!r}: ...}}}})")
+            found[header] = os.environ[var]
+        found.update((headers or {}).get(name, {}))
+        upstreams[name] = {"url": url, "headers": found}
+    try:
+        return parse_policy(network.allow, upstreams)
+    except EgressConfigError as exc:
+        raise EgressConfigError(f"{what}: {exc}") from None
+
+
+RUN_REACHES = 1000  # of the reaches of all of a grading's ctx.run a GradeReport holds
+
+
+def joined_egress(records: list[EgressRecord]) -> EgressRecord | None:
+    """The records of the grader's runs as one, in order, at most RUN_REACHES held."""
+    if not records:
+        return None
+    reaches = tuple(r for record in records for r in record.reaches)
+    return EgressRecord(reaches[:RUN_REACHES], sum(record.dropped for record in records)
+                        + max(0, len(reaches) - RUN_REACHES))
+
+
 def run_grader(env: Environment, seed: int, submission: str,
-               changes: Changes | None = None) -> GradeReport:
+               changes: Changes | None = None,
+               upstream_headers: Mapping[str, Mapping[str, str]] | None = None
+               ) -> GradeReport:
     """Grade the vetted submission directory (and, on an image, the vetted diff) in a
     fresh sandbox. Never raises for what the submission does; raises KarotteError only if
     the host itself fails, and GraderPreflightError if the grader cannot import the
-    environment (preflight)."""
+    environment (preflight). The grader's ctx.run get env.grader_network, with
+    upstream_headers for its upstreams (phase_policy)."""
+    network = phase_policy(env.grader_network, upstream_headers,
+                           f"{type(env).__qualname__}.grader_network")
     grader = preflight(env)
     target = target_of(env)
     limits = grader_spec(env)
@@ -328,7 +376,7 @@ def run_grader(env: Environment, seed: int, submission: str,
             cgroups.CgroupLimits(memory=limits.memory, pids=limits.pids, cpus=limits.cpus))
         try:
             return _grade_in(parent, limits, grader, lib, hidden, submission, changes,
-                             target, seed, env.image)
+                             target, seed, env.image, network)
         finally:
             parent.destroy()
     finally:
@@ -337,7 +385,7 @@ def run_grader(env: Environment, seed: int, submission: str,
 
 def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, grader: GraderPython, lib: str,
               hidden: str, submission: str, changes: Changes | None, target: str, seed: int,
-              agent_image: str) -> GradeReport:
+              agent_image: str, network: EgressPolicy | str) -> GradeReport:
     binds = (Bind(lib, LIB_MOUNT), Bind(hidden, "/hidden"), Bind(submission, "/submission"))
     if changes is not None:
         binds += (Bind(changes.tree, str(CHANGES)),)
@@ -345,6 +393,7 @@ def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, grader: GraderPython,
     deadline = time.monotonic() + limits.timeout
     host_end, grader_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     outcome: dict[str, Any] = {}
+    reached: list[EgressRecord] = []  # of the grader's ctx.run, in order
     try:
         with Sandbox(spec, cgroup_parent=parent) as sandbox:
             def grade() -> None:
@@ -361,7 +410,7 @@ def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, grader: GraderPython,
             worker = threading.Thread(target=grade, name="karotte-grader", daemon=True)
             worker.start()
             final, runs = _serve(host_end, parent, submission, changes, target, agent_image,
-                                 deadline)
+                                 network, deadline, reached)
             # A grader still waiting on the channel (its reply could not be sent) sees
             # EOF now and ends, instead of hanging until its timeout.
             host_end.shutdown(socket.SHUT_RDWR)
@@ -372,14 +421,14 @@ def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, grader: GraderPython,
             grader_end.close()
     if "exec_error" in outcome:
         raise KarotteError(f"the grading sandbox failed: {outcome['exec_error']}")
-    return _report(final, outcome["exec"], runs)
+    return replace(_report(final, outcome["exec"], runs), egress=joined_egress(reached))
 
 
 def _serve(channel: socket.socket, parent: cgroups.Cgroup, submission: str,
-           changes: Changes | None, target: str, image: str,
-           deadline: float) -> tuple[dict | None, int]:
+           changes: Changes | None, target: str, image: str, network: EgressPolicy | str,
+           deadline: float, reached: list[EgressRecord]) -> tuple[dict | None, int]:
     """Answer the grader's requests (ctx.run, ctx.deleted) until it reports (or its
-    channel closes)."""
+    channel closes); each run's egress record goes to `reached`."""
     runs = 0
     while True:
         try:
@@ -394,8 +443,11 @@ def _serve(channel: socket.socket, parent: cgroups.Cgroup, submission: str,
         elif op == "run":
             runs += 1
             try:
-                reply = json.dumps({"result": encode_result(_run_nested(
-                    request, parent, submission, changes, target, image, deadline))}).encode()
+                result = _run_nested(request, parent, submission, changes, target, image,
+                                     network, deadline)
+                if result.egress is not None:
+                    reached.append(result.egress)
+                reply = json.dumps({"result": encode_result(result)}).encode()
             except (KarotteError, GraderError, ValueError, TypeError, KeyError, OSError) as exc:
                 reply = json.dumps({"error": f"run failed: {exc}"}).encode()
         else:
@@ -421,10 +473,11 @@ def _changes_reply(changes: Changes | None) -> bytes:
 
 
 def _run_nested(request: dict, parent: cgroups.Cgroup, submission: str,
-                changes: Changes | None, target: str, image: str,
+                changes: Changes | None, target: str, image: str, network: EgressPolicy | str,
                 deadline: float) -> ExecResult:
     """One ctx.run: the agent's program in a fresh sandbox on the agent's image, with its
-    vetted diff unless the grader asked for the image as it was (changes=False)."""
+    vetted diff unless the grader asked for the image as it was (changes=False), and the
+    grader's network (Environment.grader_network), whatever the request says."""
     left = deadline - time.monotonic()
     if left <= 0:
         raise ValueError("the grading time is used up")
@@ -454,7 +507,7 @@ def _run_nested(request: dict, parent: cgroups.Cgroup, submission: str,
         spec = SandboxSpec(memory=int(request["memory"]), pids=int(request["pids"]),
                            cpus=float(request["cpus"]),
                            timeout=min(float(request["timeout"]), left),
-                           output_limit=output_limit, binds=binds, image=image,
+                           output_limit=output_limit, binds=binds, image=image, network=network,
                            changes=changes.tree if changes and with_changes else None)
         # private_userland: the program's userland is a copy made for this run alone
         # (LINK-CACHE-02, LINK-SIBLING-02); the copy lost the image config's Env: pass it on.

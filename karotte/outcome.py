@@ -3,7 +3,8 @@
 REC-BOUND-01: every text an Outcome keeps has a size that the agent cannot grow, as
 bytes of its JSON form (results.capped). The log has one record per tool call, and the
 budget bounds the calls; the violations are bounded by the scans (docs/scan.md), the
-workspace's and the image diff's together (karotte/custody.py).
+workspace's and the image diff's together (karotte/custody.py); the egress records hold
+at most EPISODE_REACHES reaches each, their text capped (results.EgressRecord.since).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from .results import REASONS
+from .results import REASONS, EgressRecord
 from .scan import Violation
 from .spec import KiB
 
@@ -19,6 +20,7 @@ ARGUMENT_LOG_LIMIT = 4 * KiB  # of each logged command or path
 DETAILS_LIMIT = 64 * KiB  # of the grader's details, whole top-level entries
 GRADER_LOG_RECORD_LIMIT = 64 * KiB
 INFRA_ERROR_LIMIT = 4 * KiB
+EPISODE_REACHES = 1000  # of the agent's egress, the proxy's own cap (egress/record.py)
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,8 @@ class ExecRecord:
     timed_out: bool
     truncated: bool
     wall_seconds: float
+    reaches: int = 0  # egress: destinations the call asked for (ExecResult.egress.total)
+    refused: int = 0  # of those the call's ExecResult holds, the refused ones
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,10 @@ class Outcome:
     grader_log: str
     changed_paths: int = 0  # on an image: files and directories of the diff custody kept
     deleted_paths: int = 0  # on an image: paths of the image the agent deleted
+    # with Environment.network: what the agent's sandbox reached, all of the episode
+    egress: EgressRecord | None = None
+    # with Environment.grader_network: what the grader's ctx.run reached
+    grader_egress: EgressRecord | None = None
 
     def __post_init__(self):
         if self.reason not in REASONS:
@@ -79,6 +87,8 @@ class Outcome:
             "details": dict(self.details), "details_dropped": self.details_dropped,
             "grader_log": self.grader_log, "changed_paths": self.changed_paths,
             "deleted_paths": self.deleted_paths,
+            "egress": None if self.egress is None else self.egress.to_dict(),
+            "grader_egress": None if self.grader_egress is None else self.grader_egress.to_dict(),
         }
 
 
