@@ -69,19 +69,13 @@ class EgressRecord:
         """Every reach the record saw, held or dropped."""
         return len(self.reaches) + self.dropped
 
-    def since(self, earlier: EgressRecord, limit: int) -> EgressRecord:
-        """The reaches opened after `earlier`, an older record of the same sandbox: at most
-        `limit` held, their text capped, the rest counted in dropped (REC-BOUND-01). The
-        proxy's log only appends, and past its own cap only counts, so the reaches held
-        past len(earlier.reaches) are exactly the new ones that it holds."""
-        new = self.reaches[len(earlier.reaches):][:limit]
+    def bounded(self, limit: int) -> EgressRecord:
+        """At most `limit` reaches held, the rest counted in dropped, and the host and
+        detail of each cut to REACH_TEXT_LIMIT bytes of JSON (REC-BOUND-01)."""
+        kept = self.reaches[:limit]
         return EgressRecord(tuple(replace(r, host=capped(r.host, REACH_TEXT_LIMIT),
                                           detail=capped(r.detail, REACH_TEXT_LIMIT))
-                                  for r in new), self.total - earlier.total - len(new))
-
-    def bounded(self, limit: int) -> EgressRecord:
-        """This record as since() holds it: at most `limit` reaches, their text capped."""
-        return self.since(EgressRecord(), limit)
+                                  for r in kept), self.total - len(kept))
 
     def to_dict(self) -> dict:
         return {"reaches": [r.__dict__.copy() for r in self.reaches], "dropped": self.dropped}

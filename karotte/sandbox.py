@@ -68,7 +68,7 @@ class _Core:
         self.closed = False
         self._next_id = 1
         self._oom_before = 0
-        self._egress_before = None  # the egress record as the running exec began
+        self._egress_mark = None  # where the egress record was as the running exec began
         self._spawn_args = None
 
     # -- creation: start() then finish_start(reply) once init answers
@@ -258,7 +258,7 @@ class _Core:
         if self.cgroup is not None:
             self.cgroup.reset_memory_peak()
             self._oom_before = self.cgroup.oom_kills()
-        self._egress_before = self.egress.record() if self.egress is not None else None
+        self._egress_mark = self.egress.mark() if self.egress is not None else None
         exec_id = self._next_id
         self._next_id += 1
         return ExecOp(self, exec_id, argv, stdin or b"", timeout, full_env,
@@ -275,8 +275,8 @@ class _Core:
             return result
         # every reach opened from the exec's start to its end, by whichever of the
         # sandbox's processes (docs/egress.md, "The record of each exec")
-        return replace(result, egress=self.egress.record().since(self._egress_before,
-                                                                  EXEC_REACHES))
+        return replace(result, egress=self.egress.since(self._egress_mark, EXEC_REACHES)
+                       .bounded(EXEC_REACHES))
 
     # -- teardown
 

@@ -15,7 +15,8 @@ from envs.networked import Fetched
 from karotte import net
 from karotte.battery import pick_attacks, redteam
 from karotte.cli.main import main as karotte_main
-from karotte.egress import EgressConfigError, EgressProxy, static_resolver
+from karotte.egress import (EgressConfigError, EgressProcess, EgressProxy, parse_policy,
+                            static_resolver)
 from karotte.environment import Network, check_environment
 from karotte.episode import Episode
 from karotte.grader_runtime import decode_result, encode_result
@@ -126,6 +127,45 @@ def test_without_a_network_the_records_are_none(task):
     assert outcome.to_dict()["egress"] is None
 
 
+def flood(sb, n, host="x.evil.test"):
+    """n refused requests, one connection each, from one exec."""
+    code = (f"import socket\nfor i in range({n}):\n"
+            "    s = socket.create_connection(('127.0.0.1', 3128))\n"
+            f"    s.sendall(b'GET http://{host}/ HTTP/1.1\\r\\nHost: {host}\\r\\n"
+            "Connection: close\\r\\n\\r\\n')\n"
+            "    while s.recv(65536): pass\n")
+    return sb.exec(["python3", "-c", code], timeout=120)
+
+
+@pytest.mark.parametrize("where", ["thread", "process"])
+def test_an_exec_holds_the_reaches_opened_while_it_ran_only(where, task):
+    served = EgressProcess(hosts=NAMES) if where == "process" else None
+    old = net.use_egress_proxy(served) if served else None
+    try:
+        with Sandbox(SandboxSpec(network=parse_policy(on("task.test", task)))) as sb:
+            first = sb.exec(f"curl -sSf http://task.test:{task.port}/data.txt")
+            # a background request that starts after this exec ended
+            sb.exec(f"(sleep 0.5; curl -s http://evil.test:{task.port}/) >/dev/null 2>&1 &")
+            sb.exec("sleep 1.5")
+            second = sb.exec(f"curl -s http://evil.test:{task.port}/x; "
+                             f"curl -sSf http://task.test:{task.port}/data.txt")
+            full = flood(sb, 1000)  # the proxy's log holds 1000 reaches a sandbox
+            past = flood(sb, 7)
+            whole = sb.egress_record()
+    finally:
+        if served:
+            net.use_egress_proxy(old)
+            served.close()
+    assert first.stdout == b"21\n" and reached(first.egress) == [("task.test", True, "ok")]
+    assert reached(second.egress) == [("evil.test", False, "not_allowed"),
+                                      ("task.test", True, "ok")]
+    assert [r.host for r in whole.reaches[:4]] == ["task.test", "evil.test", "evil.test",
+                                                   "task.test"]
+    assert (len(full.egress.reaches), full.egress.total) == (EXEC_REACHES, 1000)
+    assert (past.egress.reaches, past.egress.dropped) == ((), 7)  # counted, never held
+    assert (len(whole.reaches), whole.dropped) == (1000, 11)
+
+
 def test_EGRESS_REC_BOUND_01_a_flood_of_refused_requests_keeps_every_record_bounded(fetched):
     flood = 1500
     host = "\u00e9" * 60 + ".evil.test"  # non-ASCII: 6 bytes of JSON a character at most
@@ -216,7 +256,6 @@ def test_a_network_is_declared_as_plain_data_in_one_place(monkeypatch):
     with pytest.raises(TypeError, match=r"Fetched\.network must be a karotte.environment"):
         check_environment(Fetched())
     monkeypatch.setattr(Fetched, "network", None)
-    from karotte.egress import parse_policy
     monkeypatch.setattr(Fetched, "limits", SandboxSpec(network=parse_policy(["pypi.org"])))
     with pytest.raises(ValueError, match=r"declare it as Fetched\.network = Network"):
         check_environment(Fetched())

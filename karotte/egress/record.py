@@ -76,3 +76,17 @@ class Log:
     def snapshot(self) -> EgressRecord:
         with self._lock:
             return EgressRecord(tuple(e.freeze() for e in self._entries), self._dropped)
+
+    def mark(self) -> tuple[int, int]:
+        """Where the log is now: (entries held, entries seen), for since()."""
+        with self._lock:
+            return len(self._entries), len(self._entries) + self._dropped
+
+    def since(self, mark: tuple[int, int], limit: int) -> EgressRecord:
+        """The entries opened after mark, at most `limit` held, the rest counted. The log
+        only appends, and past MAX_REACHES only counts, so the entries held past mark's
+        are exactly the new ones it holds."""
+        held, seen = mark
+        with self._lock:
+            new = tuple(e.freeze() for e in self._entries[held:held + limit])
+            return EgressRecord(new, len(self._entries) + self._dropped - seen - len(new))
