@@ -63,7 +63,7 @@ def test_the_namespace_is_the_worker_threads_only(mirror):
 
 
 @pytest.mark.skipif(shutil.which("mmdebstrap") is None, reason="mmdebstrap is not installed")
-def test_mmdebstrap_reaches_only_debians_archive(tmp_path):
+def test_EGRESS_BUILD_01_mmdebstrap_and_its_hooks_reach_only_debians_archive(tmp_path):
     try:
         addresses = {a[4][0] for a in socket.getaddrinfo("deb.debian.org", 80)}
     except OSError as exc:
@@ -79,8 +79,7 @@ def test_mmdebstrap_reaches_only_debians_archive(tmp_path):
                           "bookworm", str(out)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     with tarfile.open(out) as tar:
-        assert "./usr/bin/apt-get" not in tar.getnames() and "./bin/sh" in tar.getnames() \
-            or "./usr/bin/sh" in tar.getnames()
+        assert any(name.endswith("bin/dpkg") for name in tar.getnames())
     reaches = build.record().reaches
     allowed = [r for r in reaches if r.allowed]
     assert allowed and {r.host for r in allowed} <= set(ARCHIVE)

@@ -96,7 +96,7 @@ def test_each_exec_and_the_outcome_record_what_the_agent_reached(fetched, task):
     assert data["log"][1]["refused"] == 1
 
 
-def test_the_graders_list_is_its_own_the_agent_cannot_reach_it(fetched, grader):
+def test_EGRESS_PHASE_01_the_graders_list_is_its_own_the_agent_cannot_reach_it(fetched, grader):
     with Episode(fetched, seed=1) as ep:
         ep.reset()
         tried = ep.exec(f"curl -sSf http://grader.test:{grader.port}/answer.txt > answer.txt; "
@@ -269,7 +269,7 @@ def test_a_ctx_run_result_carries_its_record_across_the_channel():
     assert decode_result(json.loads(json.dumps(encode_result(result)))) == result
 
 
-def test_the_two_egress_attacks_fail_to_score_when_the_lists_hold(fetched):
+def test_EGRESS_UNLISTED_01_and_PHASE_01_fail_to_score_when_the_lists_hold(fetched):
     attacks = pick_attacks(fetched, 1, ["egress-unlisted", "egress-grader-list"])
     report = redteam(fetched, attacks=attacks)
     by_name = {r.name: r for r in report.results}
@@ -277,7 +277,7 @@ def test_the_two_egress_attacks_fail_to_score_when_the_lists_hold(fetched):
     assert by_name["egress-grader-list"].passed, by_name["egress-grader-list"].why
 
 
-def test_the_grader_list_attack_scores_when_the_agent_is_on_the_graders_list(
+def test_EGRESS_PHASE_01_scores_when_the_agent_is_on_the_graders_list_too(
         monkeypatch, fetched, grader):
     """The attack can fail: an author who put the answer server on both lists."""
     monkeypatch.setattr(Fetched, "network", Network(allow=on("grader.test", grader)))
