@@ -7,8 +7,8 @@ script it runs, would have the host's whole network. BuildNetwork gives it one: 
 worker thread unshares a fresh network namespace (network namespaces are per thread, so
 the rest of the process stays where it was), brings its loopback up and listens there at
 127.0.0.1:3128, and every command it runs is forked from that thread, into that
-namespace. The only way out is the listener, which the process's EgressProxy serves
-with one EgressPolicy: no route, no resolver, DNS carries nothing, and what the build
+namespace. The only way out is the listener, which an EgressProxy of the build's own (or
+the caller's) serves with one EgressPolicy: no route, no resolver, DNS carries nothing, and what the build
 reached is an EgressRecord. Root only: a thread cannot unshare a network namespace
 without CAP_SYS_ADMIN, and a process with threads cannot unshare a user namespace.
 
@@ -27,9 +27,8 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from . import net
 from .egress.policy import EgressPolicy, parse_policy
-from .egress.server import EgressSession
+from .egress.server import EgressProxy, EgressSession
 from .errors import KarotteError
 from .results import EgressRecord
 
@@ -37,7 +36,9 @@ CLONE_NEWNET = 0x40000000  # linux/sched.h
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1  # linux/sockios.h, linux/if.h
 ARCHIVE = ("deb.debian.org", "security.debian.org")  # ports 80 and 443
 EXTRA_ENV = "KAROTTE_BUILD_ALLOW"  # more entries, comma-separated (a mirror, its address)
-PROXY = f"http://127.0.0.1:{net.PROXY_PORT}"
+PORT = 3128  # in the build's namespace, as in a sandbox's (karotte/net.py)
+PROXY = f"http://127.0.0.1:{PORT}"
+NO_PROXY = "localhost,127.0.0.1,::1"
 
 
 def archive_policy(extra: Sequence[str] = ()) -> EgressPolicy:
@@ -51,27 +52,35 @@ def archive_policy(extra: Sequence[str] = ()) -> EgressPolicy:
 class BuildNetwork:
     """Commands in a network namespace of their own whose only way out is the proxy."""
 
-    def __init__(self, policy: EgressPolicy):
+    def __init__(self, policy: EgressPolicy, proxy: EgressProxy | None = None):
+        """proxy: the EgressProxy that serves it (one with its own resolver, say); None:
+        one of the build's own, for as long as it runs."""
         if os.geteuid() != 0:
             raise KarotteError("a build's network namespace needs root (CAP_SYS_ADMIN): run "
                                "the build as root, or without an allow-list")
         self.policy = policy
+        self._proxy, self._own = proxy or EgressProxy(), proxy is None
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="karotte-build-net")
         self._session: EgressSession | None = None
 
     def __enter__(self) -> BuildNetwork:
         try:
             listener = self._worker.submit(_enter_namespace).result()
-            self._session = net.egress_proxy().serve(self.policy, proxy=listener)
+            self._session = self._proxy.serve(self.policy, proxy=listener)
         except BaseException:
-            self._worker.shutdown()
+            self._end()
             raise
         return self
 
     def __exit__(self, *exc) -> None:
         if self._session is not None:
             self._session.close(wait=True)
+        self._end()
+
+    def _end(self) -> None:
         self._worker.shutdown()  # the thread, and with it the namespace, ends
+        if self._own:
+            self._proxy.close()
 
     @staticmethod
     def apt_options() -> list[str]:
@@ -104,7 +113,7 @@ def _proxy_env() -> dict[str, str]:
     env = {}
     for name in ("http_proxy", "https_proxy", "all_proxy"):
         env[name] = env[name.upper()] = PROXY
-    env["no_proxy"] = env["NO_PROXY"] = net.NO_PROXY
+    env["no_proxy"] = env["NO_PROXY"] = NO_PROXY
     return env
 
 
@@ -120,6 +129,6 @@ def _enter_namespace() -> socket.socket:
                                                   struct.pack("16sH22x", b"lo", 0))[:18])[1]
         fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", net.PROXY_PORT))
+    listener.bind(("127.0.0.1", PORT))
     listener.listen(64)
     return listener

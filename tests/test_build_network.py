@@ -12,7 +12,6 @@ import tarfile
 import pytest
 
 from egress_servers import http_server
-from karotte import net
 from karotte.build_network import ARCHIVE, BuildNetwork, archive_policy
 from karotte.egress import EgressProxy, parse_policy, static_resolver
 
@@ -23,13 +22,11 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a build's network nam
 @pytest.fixture
 def mirror(tmp_path):
     (tmp_path / "Release").write_text("Suite: test\n")
-    egress = EgressProxy(static_resolver({"mirror.test": ["127.0.0.1"],
-                                          "evil.test": ["127.0.0.1"]}))
-    old = net.use_egress_proxy(egress)
-    with http_server(directory=str(tmp_path)) as server:
+    with EgressProxy(static_resolver({"mirror.test": ["127.0.0.1"],
+                                      "evil.test": ["127.0.0.1"]})) as egress, \
+            http_server(directory=str(tmp_path)) as server:
+        server.proxy = egress
         yield server
-    net.use_egress_proxy(old)
-    egress.close()
 
 
 def sh(build, script):
@@ -38,7 +35,8 @@ def sh(build, script):
 
 def test_a_build_reaches_its_allow_list_through_the_proxy_and_nothing_else(mirror):
     port = mirror.port
-    with BuildNetwork(parse_policy([f"mirror.test:{port}", f"127.0.0.1:{port}"])) as build:
+    policy = parse_policy([f"mirror.test:{port}", f"127.0.0.1:{port}"])
+    with BuildNetwork(policy, mirror.proxy) as build:
         ok = sh(build, f"curl -sSf http://mirror.test:{port}/Release")
         refused = sh(build, f"curl -s -o /dev/null -w '%{{http_code}}' http://evil.test:{port}/")
         # a client that ignores the proxy: the host's loopback is not this namespace's
@@ -56,7 +54,7 @@ def test_a_build_reaches_its_allow_list_through_the_proxy_and_nothing_else(mirro
 
 def test_the_namespace_is_the_worker_threads_only(mirror):
     mine = os.readlink("/proc/thread-self/ns/net")
-    with BuildNetwork(parse_policy([])) as build:
+    with BuildNetwork(parse_policy([]), mirror.proxy) as build:
         theirs = sh(build, "readlink /proc/self/ns/net").stdout.strip()
         assert os.readlink("/proc/thread-self/ns/net") == mine
     assert theirs != mine
