@@ -42,11 +42,23 @@ NO_PROXY = "localhost,127.0.0.1,::1"
 
 
 def archive_policy(extra: Sequence[str] = ()) -> EgressPolicy:
-    """Debian's archive, and the entries of `extra` and of $KAROTTE_BUILD_ALLOW: a local
-    mirror, or the address the host's resolver gives the archive when it is not a
-    public one (a caching proxy on a private network must be listed to be reached)."""
+    """Debian's archive, and the entries of `extra` and of $KAROTTE_BUILD_ALLOW (a
+    mirror). The addresses this host's resolver gives the archive's names now are listed
+    too: where it maps them to a mirror or cache on a private or reserved address (this
+    host's own setup, not the build's), the check would refuse them otherwise."""
     more = [e.strip() for e in os.environ.get(EXTRA_ENV, "").split(",") if e.strip()]
-    return parse_policy([*ARCHIVE, *extra, *more])
+    return parse_policy([*ARCHIVE, *_addresses(ARCHIVE), *extra, *more])
+
+
+def _addresses(names: Sequence[str]) -> list[str]:
+    found = set()
+    for name in names:
+        try:
+            found.update(info[4][0] for info in socket.getaddrinfo(name, 80,
+                                                                   type=socket.SOCK_STREAM))
+        except OSError:
+            continue  # it does not resolve here: apt says so, through the proxy
+    return [f"[{a}]" if ":" in a else a for a in sorted(found)]
 
 
 class BuildNetwork:
