@@ -340,7 +340,10 @@ def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, grader: GraderPython,
               agent_image: str) -> GradeReport:
     binds = (Bind(lib, LIB_MOUNT), Bind(hidden, "/hidden"), Bind(submission, "/submission"))
     if changes is not None:
-        binds += (Bind(changes.tree, str(CHANGES)),)
+        # nosymfollow: a symlink of the agent's diff (/etc/x -> /hidden/expected.txt) would
+        # resolve in this root, which holds /hidden; here no path through /changes follows
+        # one (readlink shows it). In ctx.run's sandboxes it resolves in their own root.
+        binds += (Bind(changes.tree, str(CHANGES), follow_symlinks=False),)
     spec = hide_package(replace(limits, binds=limits.binds + binds), target)
     deadline = time.monotonic() + limits.timeout
     host_end, grader_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
