@@ -5,7 +5,8 @@ sees, read-only: the grader's code (a private copy of the environment's package 
 Karotte's grader runtime) at /opt/karotte-lib, the hidden files at /hidden, the vetted
 copy of the workspace at /submission and, on an image, the vetted diff of the agent's
 root at /changes: data to read, never part of the grader's own root (a .pth file the
-agent put in the image's site-packages would run in the grader). The grader reports
+agent put in the image's site-packages would run in the grader), bound nosymfollow (a
+symlink of the agent's would resolve in the grader's root, where /hidden is). The grader reports
 over fd 3, a socket that only its own process holds; its stdout and stderr are logs,
 never the verdict.
 
