@@ -150,7 +150,7 @@ def test_DIFF_SYMLINK_01_a_symlink_replacing_python3_is_kept_as_a_symlink(image,
     assert st.st_mtime == COPY_TIME
 
 
-def test_DIFF_LINK_HOST_01_the_host_never_follows_a_link_of_the_diff(image, dest, tmp_path,
+def test_DIFF_SYMLINK_02_the_host_never_follows_a_link_of_the_diff(image, dest, tmp_path,
                                                                      no_leaks):
     """Links to what the host may read (a file of root's, a directory, a relative way up
     to them): the copy holds the links, not a byte of what they name."""
@@ -177,14 +177,14 @@ def test_DIFF_LINK_HOST_01_the_host_never_follows_a_link_of_the_diff(image, dest
     ("/etc/app/conf", "ln -s /root /etc/app", "/etc/app"),
     ("/etc/app", "mkdir /etc/app && ln -s /etc/issue /etc/app/conf", "/etc/app/conf"),
 ], ids=["at", "on-the-way", "inside"])
-def test_DIFF_LINK_DELIVERABLE_01_a_symlink_at_in_or_on_the_way_to_a_deliverable_is_rejected(
+def test_DIFF_SYMLINK_04_a_symlink_at_in_or_on_the_way_to_a_deliverable_is_rejected(
         image, dest, no_leaks, deliverable, script, path):
     r, result = agent_diff(image, script, dest, deliverables=(deliverable,))
     assert r.ok and kinds(result) == {path: "symlink"}, (r, result)
     assert not os.path.lexists(os.path.join(dest, path[1:]))
 
 
-def test_DIFF_LINK_FLOOD_01_link_targets_count_against_max_total_size(image, dest, no_leaks):
+def test_DIFF_FLOOD_01_link_targets_count_against_max_total_size(image, dest, no_leaks):
     script = "python3 -c \"import os; [os.symlink('a' * 4000, f'/etc/l{i:02}') for i in range(50)]\""
     r, result = agent_diff(image, script, dest, limits=ScanLimits(max_total_size=100_000))
     assert r.ok, r

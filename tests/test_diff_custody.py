@@ -238,7 +238,7 @@ def test_DIFF_DPKG_01_a_package_the_root_agent_installs_is_seen_by_ctx_run(on_im
 
 @in_the_lane_too
 @episodes
-def test_DIFF_DPKG_02_a_packages_relative_and_absolute_symlinks_work_in_ctx_run(on_image,
+def test_DIFF_DPKG_01_a_packages_relative_and_absolute_symlinks_work_in_ctx_run(on_image,
                                                                                no_leaks):
     lib = "/usr/lib/libkarotte.so"
     deb = ("mkdir -p /root/pkg/DEBIAN /root/pkg/usr/lib /root/pkg/usr/bin && "
@@ -265,7 +265,7 @@ def test_DIFF_DPKG_02_a_packages_relative_and_absolute_symlinks_work_in_ctx_run(
 
 @in_the_lane_too
 @episodes
-def test_DIFF_LINK_HIDDEN_01_a_link_to_hidden_gives_a_naive_grader_nothing(monkeypatch,
+def test_DIFF_SYMLINK_03_a_link_to_hidden_gives_a_naive_grader_nothing(monkeypatch,
                                                                             attack_tree,
                                                                             runtime_dir,
                                                                             no_leaks):
@@ -288,7 +288,7 @@ def test_DIFF_LINK_HIDDEN_01_a_link_to_hidden_gives_a_naive_grader_nothing(monke
 @pytest.mark.parametrize("deliverable, command, path", [
     ("/etc/x", "ln -s /etc/issue /etc/x", "/etc/x"),
     ("/etc/app/conf", "ln -s /etc /etc/app", "/etc/app")], ids=["at", "on-the-way"])
-def test_DIFF_LINK_DELIVERABLE_01_a_symlink_at_a_deliverable_is_still_a_violation(
+def test_DIFF_SYMLINK_04_a_symlink_at_a_deliverable_is_still_a_violation(
         deliverable, command, path, on_image, no_leaks):
     outcome = play(on_image({}, (deliverable,)), command)
     assert kinds(outcome) == {path: "symlink"}
