@@ -71,6 +71,7 @@ CLIENT = textwrap.dedent("""
 """)
 
 _peers = count(1)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _sh(*argv):
@@ -332,7 +333,7 @@ def test_refused_for_a_caller_that_is_not_root():
     """)
     r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                         sys.executable, "-c", code], capture_output=True, text=True,
-                       cwd=tempfile.gettempdir(), env={**os.environ, "PYTHONPATH": os.getcwd()})
+                       cwd=tempfile.gettempdir(), env={**os.environ, "PYTHONPATH": REPO})
     assert "needs root" in r.stdout and "proxy mode" in r.stdout, (r.stdout, r.stderr)
 
 
@@ -353,4 +354,22 @@ def test_cli_exec_allow_in_ip_mode(peer):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert f"tcp:{peer.a}:5432 ok tcp5432" in out["stdout"]
     assert f"tcp:{peer.a}:6000 err" in out["stdout"]
+    assert host_state() == ([], [])
+
+
+def test_async_sandbox_in_ip_mode_resolves_under_a_running_loop(peer):
+    """An AsyncSandbox starts under the caller's event loop, and a Sandbox may be made
+    inside a coroutine: the names are still resolved once at start, by the same check."""
+    import asyncio
+    from karotte.sandbox import AsyncSandbox
+    net.use_ip_resolver(static_resolver({"db.test": [peer.a]}))
+
+    async def main():
+        spec = SandboxSpec(network=parse_policy(["db.test:5432", f"{peer.a}:5432"], mode="ip"))
+        with Sandbox(spec) as sync:
+            assert sync._core.ip.rules[0].network == f"{peer.a}/32"
+        async with AsyncSandbox(spec) as sb:
+            r = await sb.exec(["python3", "-c", CLIENT, f"tcp:{peer.a}:5432"], timeout=60)
+        return r.stdout.decode()
+    assert "ok tcp5432" in asyncio.run(main())
     assert host_state() == ([], [])

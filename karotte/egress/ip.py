@@ -30,6 +30,7 @@ whose namespace something still holds by the creator named in its alias.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import ctypes
 import ctypes.util
 import errno
@@ -119,7 +120,7 @@ def resolve_rules(policy: EgressPolicy, resolve: Resolver) -> tuple[IpRule, ...]
         # every port of the entry: check() decides per port, and one may be listed
         addresses: dict[str, None] = {}
         for port in ports or (0,):
-            verdict = _run(check(policy, rule.value, port, resolve))
+            verdict = asyncio.run(check(policy, rule.value, port, resolve))
             if not verdict.allowed:
                 raise EgressConfigError(f"allow-list entry {entry}: {verdict.reason}"
                                         f"{': ' + verdict.detail if verdict.detail else ''}")
@@ -130,20 +131,6 @@ def resolve_rules(policy: EgressPolicy, resolve: Resolver) -> tuple[IpRule, ...]
                                     "address, and the ip mode gives the sandbox IPv4 only")
         rules += [IpRule(entry, f"{a}/32", ports) for a in v4]
     return tuple(rules)
-
-
-def _run(coro):
-    """Run check() to its end from synchronous code, also under a running event loop
-    (an AsyncSandbox starts in a worker thread, a Sandbox may start anywhere)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    result: list = []
-    thread = threading.Thread(target=lambda: result.append(asyncio.run(coro)))
-    thread.start()
-    thread.join()
-    return result[0]
 
 
 class IpLink:
@@ -163,6 +150,10 @@ class IpLink:
         why = unavailable()
         if why:
             raise EgressConfigError(why)
+        return _in_worker(cls._open, policy, init_pid, resolve)
+
+    @classmethod
+    def _open(cls, policy: EgressPolicy, init_pid: int, resolve: Resolver) -> "IpLink":
         rules = resolve_rules(policy, resolve)
         nsfd = os.open(f"/proc/{init_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -182,29 +173,24 @@ class IpLink:
     def _make_veth(cls, nsfd: int, table: str, rules: tuple[IpRule, ...]) -> "IpLink":
         from pyroute2.netlink.exceptions import NetlinkError
         ipr = _host_iproute()
-        with _host_lock:
-            for _ in range(64):
-                link = cls(random.randrange(SLOTS), table, rules)
-                try:
-                    ipr.link("add", ifname=link.interface, kind="veth",
-                             peer={"ifname": INSIDE_IFNAME, "net_ns_fd": nsfd})
-                except NetlinkError as exc:
-                    if exc.code == errno.EEXIST:
-                        continue  # another sandbox's slot
-                    raise
-                break
-            else:
-                raise EgressConfigError(f"no free slot for a veth in {RANGE} after 64 tries: "
-                                        f"{SLOTS} sandboxes at once at most")
+        for _ in range(64):
+            link = cls(random.randrange(SLOTS), table, rules)
             try:
-                index = ipr.link_lookup(ifname=link.interface)[0]
-                # the alias names the creator, for gc: the interface name has no room
-                ipr.link("set", index=index, ifalias=table)
-                ipr.addr("add", index=index, address=link.host_address, prefixlen=30)
-                ipr.link("set", index=index, state="up")
-            except BaseException:
-                link.close()
+                ipr.link("add", ifname=link.interface, kind="veth",
+                         peer={"ifname": INSIDE_IFNAME, "net_ns_fd": nsfd})
+            except NetlinkError as exc:
+                if exc.code == errno.EEXIST:
+                    continue  # another sandbox's slot
                 raise
+            break
+        else:
+            raise EgressConfigError(f"no free slot for a veth in {RANGE} after 64 tries: "
+                                    f"{SLOTS} sandboxes at once at most")
+        index = ipr.link_lookup(ifname=link.interface)[0]
+        # the alias names the creator, for gc: the interface name has no room
+        ipr.link("set", index=index, ifalias=table)
+        ipr.addr("add", index=index, address=link.host_address, prefixlen=30)
+        ipr.link("set", index=index, state="up")
         _write_sysctl(f"ipv4/conf/{link.interface}/forwarding", "1")  # this interface only
         return link
 
@@ -221,12 +207,10 @@ class IpLink:
             net = ipaddress.ip_network(rule.network)
             dst = str(net.network_address + (1 if net.num_addresses > 2 else 0))
             try:
-                with _host_lock:
-                    route = ipr.route("get", dst=dst)[0]
-                    if route["type"] != 1:  # RTN_UNICAST: local ones are refused anyway
-                        continue
-                    ifname = ipr.get_links(route.get_attr("RTA_OIF"))[0].get_attr(
-                        "IFLA_IFNAME")
+                route = ipr.route("get", dst=dst)[0]
+                if route["type"] != 1:  # RTN_UNICAST: local ones are refused anyway
+                    continue
+                ifname = ipr.get_links(route.get_attr("RTA_OIF"))[0].get_attr("IFLA_IFNAME")
             except NetlinkError:
                 continue  # no route: the agent's connection fails like one to nowhere
             if _read_sysctl(f"ipv4/conf/{ifname}/forwarding") != "1":
@@ -311,18 +295,16 @@ def _delete_link(interface: str, alias: str) -> None:
     """Delete the host end (which deletes the peer) if it is still the one named alias."""
     from pyroute2.netlink.exceptions import NetlinkError
     ipr = _host_iproute()
-    with _host_lock:
-        found = ipr.link_lookup(ifname=interface)
-        if not found:
-            return  # gone with the sandbox's namespace
-        link = ipr.get_links(found[0])[0]
-        if link.get_attr("IFLA_IFALIAS") != alias:
-            return  # the slot is another sandbox's now
-        try:
-            ipr.link("del", index=found[0])
-        except NetlinkError as exc:
-            if exc.code != errno.ENODEV:
-                raise
+    found = ipr.link_lookup(ifname=interface)
+    if not found:
+        return  # gone with the sandbox's namespace
+    if ipr.get_links(found[0])[0].get_attr("IFLA_IFALIAS") != alias:
+        return  # the slot is another sandbox's now
+    try:
+        ipr.link("del", index=found[0])
+    except NetlinkError as exc:
+        if exc.code != errno.ENODEV:
+            raise
 
 
 def find_stale() -> list[tuple[str, tuple[str, ...]]]:
@@ -334,10 +316,7 @@ def find_stale() -> list[tuple[str, tuple[str, ...]]]:
     for name in _TABLE.findall(_nft("list tables inet")):
         if _is_stale(name):
             found.setdefault(name, []).append(f"nft table inet {name}")
-    ipr = _host_iproute()
-    with _host_lock:
-        links = ipr.get_links()
-    for link in links:
+    for link in _in_worker(lambda: _host_iproute().get_links()):
         ifname, alias = link.get_attr("IFLA_IFNAME"), link.get_attr("IFLA_IFALIAS")
         if ifname.startswith(IFNAME_PREFIX) and alias and _is_stale(alias):
             found.setdefault(alias, []).append(f"interface {ifname}")
@@ -357,25 +336,39 @@ def remove_stale(name: str, items: Sequence[str]) -> None:
         if item.startswith("nft table inet "):
             _nft(f'delete table inet {name}')
         elif item.startswith("interface "):
-            _delete_link(item[len("interface "):], name)
+            _in_worker(_delete_link, item[len("interface "):], name)
 
 
 # -- the host's netlink and nftables, one handle each per process
 
-_host_lock = threading.RLock()  # close() runs under it when a start fails
-_host = None  # (pid, IPRoute)
+_worker = None  # (pid, the executor whose one thread makes every netlink call)
+_worker_lock = threading.Lock()
+_host = None  # (pid, IPRoute), used only by that thread
 _nft_lock = threading.Lock()
 _nft_ctx = None  # (pid, context)
 _lib = None
 
 
+def _in_worker(fn, *args):
+    """fn(*args) in this process's netlink thread. pyroute2's IPRoute runs an event loop of
+    its own for each call, which it cannot in a thread that runs one already (a coroutine
+    making a Sandbox), and keeps its transport per thread: so every netlink call of this
+    module is made by one thread, which runs no other loop, one call at a time."""
+    global _worker
+    with _worker_lock:
+        if _worker is None or _worker[0] != os.getpid():  # a forked child makes its own
+            _worker = (os.getpid(), concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="karotte-netlink"))
+        executor = _worker[1]
+    return executor.submit(fn, *args).result()
+
+
 def _host_iproute():
     global _host
     from pyroute2 import IPRoute
-    with _host_lock:  # a forked child makes its own
-        if _host is None or _host[0] != os.getpid():
-            _host = (os.getpid(), IPRoute())
-        return _host[1]
+    if _host is None or _host[0] != os.getpid():
+        _host = (os.getpid(), IPRoute())
+    return _host[1]
 
 
 def _netlink_socket_in(nsfd: int) -> socket.socket:
