@@ -169,7 +169,13 @@ def test_allowed_port_is_reached_other_port_and_address_refused(peer):
     seen = peer.seen()
     assert "tcp 5432" in seen and "udp 5353" in seen
     assert "tcp 6000" not in seen and peer.b not in seen and "udp 53 " not in seen
-    assert record.allowed_flows >= 2 and record.refused_packets >= 3
+    reached = {(r.address, r.port, r.protocol): r for r in record.reaches}
+    assert reached[(f"{peer.a}", "5432", None)].allowed
+    assert reached[(f"{peer.a}", "5353", None)].packets == 1
+    for key in ((peer.a, "6000", "tcp"), (peer.b, "5432", "tcp"), (peer.a, "53", "udp")):
+        assert not reached[key].allowed and reached[key].reason == "ip_literal"
+    assert record.refused_packets >= 3
+    assert json.dumps(record.to_dict())
 
 
 def test_EGRESS_IP_DNS_01_no_query_leaves_the_sandbox(peer):
@@ -196,7 +202,11 @@ def test_EGRESS_IP_HOST_01_the_hosts_own_addresses_are_unreachable(peer):
             host_end = sb._core.ip.host_address
             got = reach(sb, f"tcp:127.0.0.1:{port}", f"tcp:{host_end}:{port}",
                         f"tcp:{peer.a.rsplit('.', 1)[0]}.1:{port}")
+            record = sb._core.ip.record()
         assert all(v.startswith("err") for v in got.values()), got
+        refused = {(r.address, r.reason) for r in record.reaches if not r.allowed}
+        assert (host_end, "internal_address") in refused
+        assert (f"{peer.a.rsplit('.', 1)[0]}.1", "internal_address") in refused
         listener.setblocking(False)
         with pytest.raises(BlockingIOError):
             listener.accept()

@@ -35,6 +35,7 @@ import ctypes
 import ctypes.util
 import errno
 import ipaddress
+import json
 import os
 import random
 import re
@@ -54,9 +55,10 @@ SLOTS = RANGE.num_addresses // 4
 IFNAME_PREFIX = "kip"  # kip<SLOT>: IFNAMSIZ leaves no room for a names.leaf_name()
 INSIDE_IFNAME = "eth0"
 TABLE_TAG = "ip"
+REFUSED_KEPT = 1024  # refused destinations a record names, per sandbox
 _TABLE = re.compile(r"^table inet (karotte-\S+)$", re.M)
-_COUNTER = re.compile(r"packets (\d+) bytes (\d+)")
 _CLONE_NEWNET = 0x40000000
+_NFT_CTX_OUTPUT_JSON = 1 << 4  # libnftables' enum nft_ctx_output_flags
 
 
 @dataclass(frozen=True)
@@ -69,15 +71,33 @@ class IpRule:
 
 
 @dataclass(frozen=True)
+class IpReach:
+    """Packets the sandbox sent to one destination, as the rules counted them: to an
+    allowed one (its set element: network and port or port range, TCP and UDP together),
+    or refused (the address, protocol and port). reason is of karotte.egress.REASONS:
+    "ok", "ip_literal" (an address and port the list does not name) or "internal_address"
+    (the host's own addresses, refused whatever the list says)."""
+
+    address: str  # "10.0.0.5", or the listed network "10.0.0.0/24"
+    port: str  # "5432", or the listed range "0-65535"
+    protocol: str | None  # "tcp" or "udp"; None for an allowed element (both)
+    allowed: bool
+    reason: str  # "ok", "ip_literal" or "internal_address"
+    packets: int
+    bytes: int
+
+
+@dataclass(frozen=True)
 class IpRecord:
-    """What the nftables rules of one sandbox counted: connections (and UDP flows) they
-    let out, packets they refused (to a port or address not listed, to the host itself,
-    from a forged source address)."""
+    """What the nftables rules of one sandbox counted. reaches: every allowed destination
+    that was sent to, then each refused one (at most REFUSED_KEPT of those; the totals
+    count them all). refused_packets and refused_bytes: everything refused, the forged
+    source addresses too. Packets the sandbox sent; replies are not counted."""
 
     interface: str
     sandbox_address: str
     rules: tuple[IpRule, ...]
-    allowed_flows: int
+    reaches: tuple[IpReach, ...]
     refused_packets: int
     refused_bytes: int
 
@@ -86,8 +106,8 @@ class IpRecord:
                 "rules": [{"entry": r.entry, "network": r.network,
                            "ports": list(r.ports) if r.ports is not None else None}
                           for r in self.rules],
-                "allowed_flows": self.allowed_flows, "refused_packets": self.refused_packets,
-                "refused_bytes": self.refused_bytes}
+                "reaches": [vars(r) for r in self.reaches],
+                "refused_packets": self.refused_packets, "refused_bytes": self.refused_bytes}
 
 
 def unavailable() -> str | None:
@@ -240,13 +260,19 @@ class IpLink:
             for p in (map(str, r.ports) if r.ports is not None else ("0-65535",)))
         iface, me = f'"{self.interface}"', self.sandbox_address
         refuse = 'counter name refused reject with icmpx type admin-prohibited'
+        note = "meta l4proto {{ tcp, udp }} add @{} {{ ip daddr . meta l4proto . th dport }}"
         return f"""
 table inet {self.table} {{
-    counter allowed {{ }}
     counter refused {{ }}
     set allow {{
-        type ipv4_addr . inet_service; flags interval
+        type ipv4_addr . inet_service; flags interval; counter
         {f"elements = {{ {elements} }}" if elements else ""}
+    }}
+    set refused_to {{
+        type ipv4_addr . inet_proto . inet_service; size {REFUSED_KEPT}; flags dynamic; counter
+    }}
+    set refused_host {{
+        type ipv4_addr . inet_proto . inet_service; size {REFUSED_KEPT}; flags dynamic; counter
     }}
     chain forward {{
         type filter hook forward priority filter - 1; policy accept;
@@ -256,12 +282,14 @@ table inet {self.table} {{
     }}
     chain outbound {{
         ip saddr != {me} {refuse}
+        meta l4proto {{ tcp, udp }} ip daddr . th dport @allow accept
         ct state established,related accept
-        meta l4proto {{ tcp, udp }} ip daddr . th dport @allow counter name allowed accept
+        {note.format("refused_to")}
         {refuse}
     }}
     chain input {{
         type filter hook input priority filter - 1; policy accept;
+        iif {iface} {note.format("refused_host")}
         iif {iface} {refuse}
     }}
     chain postrouting {{
@@ -272,10 +300,22 @@ table inet {self.table} {{
 """
 
     def record(self) -> IpRecord:
-        allowed = _COUNTER.search(_nft(f'list counter inet {self.table} allowed'))
-        refused = _COUNTER.search(_nft(f'list counter inet {self.table} refused'))
-        return IpRecord(self.interface, self.sandbox_address, self.rules,
-                        int(allowed.group(1)), int(refused.group(1)), int(refused.group(2)))
+        """What the rules counted so far (one listing of the table)."""
+        out = json.loads(_nft(f"list table inet {self.table}", as_json=True))
+        sets = {o["set"]["name"]: o["set"].get("elem", []) for o in out["nftables"]
+                if "set" in o}
+        refused = next(o["counter"] for o in out["nftables"] if "counter" in o)
+        reaches = [IpReach(_show(address), _show(port), None, True, "ok",
+                           e["elem"]["counter"]["packets"], e["elem"]["counter"]["bytes"])
+                   for e in sets["allow"] if e["elem"]["counter"]["packets"]
+                   for address, port in [e["elem"]["val"]["concat"]]]
+        for name, reason in (("refused_to", "ip_literal"), ("refused_host", "internal_address")):
+            reaches += [IpReach(address, str(port), protocol, False, reason,
+                                e["elem"]["counter"]["packets"], e["elem"]["counter"]["bytes"])
+                        for e in sets[name]
+                        for address, protocol, port in [e["elem"]["val"]["concat"]]]
+        return IpRecord(self.interface, self.sandbox_address, self.rules, tuple(reaches),
+                        refused["packets"], refused["bytes"])
 
     def close(self) -> None:
         """Remove the table; the veth goes with the sandbox's namespace, which the kernel
@@ -289,6 +329,15 @@ table inet {self.table} {{
             _nft(f'delete table inet {self.table}')
         except EgressConfigError:
             pass  # not loaded yet
+
+
+def _show(value) -> str:
+    """An address or port of nft's JSON: a value, a prefix or a range."""
+    if isinstance(value, dict) and "prefix" in value:
+        return f"{value['prefix']['addr']}/{value['prefix']['len']}"
+    if isinstance(value, dict) and "range" in value:
+        return "-".join(map(str, value["range"]))
+    return str(value)
 
 
 def _delete_link(interface: str, alias: str) -> None:
@@ -345,7 +394,7 @@ _worker = None  # (pid, the executor whose one thread makes every netlink call)
 _worker_lock = threading.Lock()
 _host = None  # (pid, IPRoute), used only by that thread
 _nft_lock = threading.Lock()
-_nft_ctx = None  # (pid, context)
+_nft_ctx: dict = {}  # as_json -> (pid, context)
 _lib = None
 
 
@@ -412,22 +461,24 @@ def _nft_library():
             getattr(lib, fn).argtypes = [ctypes.c_void_p]
             getattr(lib, fn).restype = ctypes.c_char_p
         lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        lib.nft_ctx_output_set_flags.argtypes = [ctypes.c_void_p, ctypes.c_uint]
         _lib = lib
     return _lib
 
 
-def _nft(commands: str) -> str:
+def _nft(commands: str, as_json: bool = False) -> str:
     """Run nft commands in one transaction through libnftables (a subprocess costs ms);
-    their output, or EgressConfigError with nft's message."""
-    global _nft_ctx
+    their output (as JSON: as_json), or EgressConfigError with nft's message."""
     lib = _nft_library()
     with _nft_lock:
-        if _nft_ctx is None or _nft_ctx[0] != os.getpid():
+        if as_json not in _nft_ctx or _nft_ctx[as_json][0] != os.getpid():
             ctx = lib.nft_ctx_new(0)
             lib.nft_ctx_buffer_output(ctx)
             lib.nft_ctx_buffer_error(ctx)
-            _nft_ctx = (os.getpid(), ctx)
-        ctx = _nft_ctx[1]
+            if as_json:
+                lib.nft_ctx_output_set_flags(ctx, _NFT_CTX_OUTPUT_JSON)
+            _nft_ctx[as_json] = (os.getpid(), ctx)
+        ctx = _nft_ctx[as_json][1]
         rc = lib.nft_run_cmd_from_buffer(ctx, commands.encode())
         out = (lib.nft_ctx_get_output_buffer(ctx) or b"").decode()
         err = (lib.nft_ctx_get_error_buffer(ctx) or b"").decode()
