@@ -330,7 +330,10 @@ def test_EGRESS_IP_ORPHAN_01_gc_removes_what_a_killed_trainer_left(peer):
     found = [leftover for leftover in gc.find() if leftover.name == table]
     assert [f.kind for f in found] == [gc.NETWORK]
     assert f"nft table inet {table}" in found[0].paths
-    removals = gc.remove(found)
+    gc_cli = os.path.join(os.path.dirname(sys.executable), "karotte-sandbox")
+    r = subprocess.run([gc_cli, "gc", "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert f"would remove network nft table inet {table}" in r.stdout, (r.stdout, r.stderr)
+    removals = gc.remove(found)  # only this test's: others' leftovers are theirs to judge
     assert [r.removed for r in removals] == [True], removals
     assert host_state() == ([], [])
     assert not [f for f in gc.find() if f.kind == gc.NETWORK]

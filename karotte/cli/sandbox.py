@@ -461,9 +461,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
     for leftover in leftovers:  # one at a time: each line as soon as its removal ends
         (done,) = gc.remove([leftover], dry_run=args.dry_run)
         # One leftover is one line: a cgroup is a directory in each hierarchy (memory,
-        # pids, cpu, freezer, ...), removed together.
+        # pids, cpu, freezer, ...), removed together; an ip-mode sandbox's network is its
+        # nft table and maybe its veth.
         cgroup = leftover.kind == gc.CGROUP
-        what = f"{leftover.kind} {leftover.name if cgroup else leftover.paths[0]}"
+        what = f"{leftover.kind} {leftover.name if cgroup else ', '.join(leftover.paths)}"
         where = f" ({len(leftover.paths)} hierarchies)" if cgroup else ""
         if args.dry_run:
             print(f"would remove {what}{where}")
