@@ -166,7 +166,8 @@ class IpLink:
     @classmethod
     def open(cls, policy: EgressPolicy, init_pid: int, resolve: Resolver) -> "IpLink":
         """Resolve the list, make the veth into init_pid's network namespace and load the
-        rules; undone before it raises."""
+        rules, before init's go. If it raises, no table is left, and the veth goes with
+        the namespace when the caller kills init (Sandbox start does)."""
         why = unavailable()
         if why:
             raise EgressConfigError(why)
