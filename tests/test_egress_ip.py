@@ -178,7 +178,7 @@ def test_allowed_port_is_reached_other_port_and_address_refused(peer):
     assert json.dumps(record.to_dict())
 
 
-def test_EGRESS_IP_DNS_01_no_query_leaves_the_sandbox(peer):
+def test_EGRESS_IPDNS_01_no_query_leaves_the_sandbox(peer):
     """A secret in a name carries nothing out: the sandbox has no resolver, the host's
     resolver address is not its own, and port 53 of a reachable peer is refused."""
     with ip_sandbox([f"{peer.a}:5432"]) as sb:
@@ -189,7 +189,7 @@ def test_EGRESS_IP_DNS_01_no_query_leaves_the_sandbox(peer):
     assert "53" not in peer.seen()
 
 
-def test_EGRESS_IP_HOST_01_the_hosts_own_addresses_are_unreachable(peer):
+def test_EGRESS_IPHOST_01_the_hosts_own_addresses_are_unreachable(peer):
     """Nothing from the sandbox reaches the host itself: not its loopback (the
     sandbox's 127.0.0.1 is its own), not the veth's host end, not another address of
     the host (the peer veth's host end), even when the list names that address."""
@@ -214,7 +214,7 @@ def test_EGRESS_IP_HOST_01_the_hosts_own_addresses_are_unreachable(peer):
         listener.close()
 
 
-def test_EGRESS_IP_SPOOF_01_a_forged_source_address_is_refused(peer):
+def test_EGRESS_IPSPOOF_01_a_forged_source_address_is_refused(peer):
     """An agent that could set another source (root with CAP_NET_RAW in its namespace)
     gets nothing out: the rules accept only the sandbox's own address."""
     with ip_sandbox([f"{peer.a}:5353"]) as sb:
@@ -235,7 +235,7 @@ def test_EGRESS_IP_SPOOF_01_a_forged_source_address_is_refused(peer):
     assert "forged" not in peer.seen()
 
 
-def test_two_sandboxes_with_different_lists_stay_apart(peer):
+def test_EGRESS_IPISOLATION_01_two_sandboxes_with_different_lists_stay_apart(peer):
     with ip_sandbox([f"{peer.a}:5432"]) as one, ip_sandbox([f"{peer.a}:6000"]) as two:
         assert one._core.ip.sandbox_address != two._core.ip.sandbox_address
         got_one = reach(one, f"tcp:{peer.a}:5432", f"tcp:{peer.a}:6000")
@@ -318,7 +318,7 @@ TRAINER = textwrap.dedent("""
 """)
 
 
-def test_EGRESS_IP_ORPHAN_01_gc_removes_what_a_killed_trainer_left(peer):
+def test_EGRESS_IPORPHAN_01_gc_removes_what_a_killed_trainer_left(peer):
     trainer = subprocess.Popen([sys.executable, "-c", TRAINER, f"{peer.a}:5432"],
                                stdout=subprocess.PIPE)
     table, interface = trainer.stdout.readline().decode().split()
