@@ -40,7 +40,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from benchlib import (IMAGE_SANDBOX_PHASES, Goal, PhaseTimer, Series, Stats, fmt_ms,
+from benchlib import (EPISODE_PHASES, IMAGE_SANDBOX_PHASES, Goal, PhaseTimer, Series, Stats, fmt_ms,
                       karotte_line, load_line, machine_line, render_cases_and_goals)
 from benchlib import main as bench_main
 from bench_peers import TRUE, Competitor, PeerFailed
@@ -253,6 +253,7 @@ def case_episode(image: BenchImage | None, why: str | None, runs: int, warmup: i
                 samples[v, p].append(measured[p])
         if (i + 1) % max(1, runs // 4) == 0:
             log(f"  episode: {i + 1}/{runs} rounds")
+    breakdown = _episode_breakdown(envs, max(3, runs // 2), log)
     series = []
     for v in EPISODE_VARIANTS:
         for p in phases:
@@ -264,7 +265,33 @@ def case_episode(image: BenchImage | None, why: str | None, runs: int, warmup: i
            for v in EPISODE_VARIANTS}
     return {"runs": runs, "warmup": warmup, "variants": list(EPISODE_VARIANTS),
             "phases": list(phases), "series": [s.to_json() for s in series],
-            "end_to_end_over_host": {v: _ratio(end[v], end[HOST]) for v in (BY_REF, BY_NAME)}}
+            "end_to_end_over_host": {v: _ratio(end[v], end[HOST]) for v in (BY_REF, BY_NAME)},
+            "breakdown": breakdown}
+
+
+def _episode_breakdown(envs: dict, runs: int, log) -> dict:
+    """bench_episode.py's breakdown (its timers, its attribution) of `runs` episodes of
+    each variant, taking turns: {label: {variant: stats}} in its table order."""
+    clock_problem = bench_episode._same_clock()
+    found: dict[str, dict[str, list[int]]] = {v: {} for v in envs}
+    names = list(envs)
+    with PhaseTimer(EPISODE_PHASES) as timer:
+        for i in range(runs):
+            k = i % len(names)
+            for v in names[k:] + names[:k]:
+                timer.take()
+                measured, outcome, stamps = bench_episode._episode(5000 + i, env=envs[v])
+                labels, _ = bench_episode._attribute(timer.take(), measured, outcome, stamps,
+                                                     clock_problem)
+                for label, ns in labels.items():
+                    found[v].setdefault(label, []).append(ns)
+    log(f"  episode: {runs} instrumented episodes of each variant done")
+    order = [label for label, _ in bench_episode.BREAKDOWN]
+    return {"runs": runs, "grader_stamps": clock_problem or "ok", "order": order,
+            "depth": dict(bench_episode.BREAKDOWN),
+            "phases": {label: {v: asdict(Stats.of(found[v][label])) for v in names
+                               if found[v].get(label)} for label in order
+                       if any(found[v].get(label) for v in names)}}
 
 
 # --------------------------------------------------------------------------- report
@@ -365,6 +392,23 @@ def _render_episode(ep: dict) -> list[str]:
                             f", {_fmt_ratio(ep['end_to_end_over_host'][v])} the host's"))
         else:
             lines.append(f"\n- {v}: skipped: {s['reason']}")
+    bd = ep["breakdown"]
+    lines += ["", f"### where an episode's difference goes ({bd['runs']} instrumented episodes "
+              "of each, taking turns; medians in ms; phases nest)", "",
+              "| phase | " + " | ".join(vs) + f" | {BY_REF} - host | {BY_NAME} - host |",
+              "|---|" + "---:|" * (len(vs) + 2)]
+    for label in bd["order"]:
+        per = bd["phases"].get(label)
+        if per is None:
+            continue
+        med = {v: per[v]["median_ms"] if v in per else None for v in vs}
+        diff = [fmt_ms(med[v] - med[HOST]) if None not in (med[v], med[HOST]) else "-"
+                for v in (BY_REF, BY_NAME)]
+        lines.append(f"| {'&nbsp;&nbsp;' * bd['depth'][label]}{label} | "
+                     + " | ".join(fmt_ms(med[v]) for v in vs) + " | " + " | ".join(diff) + " |")
+    lines += ["", "- on an image, \"task files\" also holds the exec that checks the image has "
+              "the tools' programs (episode.IMAGE_TOOLS); the grader's stamps: "
+              + bd["grader_stamps"]]
     return lines + ["", load_line(ep), ""]
 
 

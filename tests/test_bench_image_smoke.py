@@ -106,6 +106,11 @@ def test_the_episode_runs_on_the_host_and_on_the_image_by_phase(quick):
     for series in case["series"]:
         assert_measured(series)
     assert all(r > 0 for r in case["end_to_end_over_host"].values())
+    phases = case["breakdown"]["phases"]
+    for label in ("reset: agent sandbox create", "grade: grading sandbox create",
+                  "grade: grader exec, whole", "end to end"):
+        assert set(phases[label]) == set(VARIANTS[:3]), label
+        assert all(st["median_ms"] > 0 for st in phases[label].values()), label
 
 
 def test_summary_has_the_machine_the_image_and_the_goals(quick):
