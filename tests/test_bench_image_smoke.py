@@ -8,8 +8,10 @@ A smoke run, not a measurement: nothing here asserts how fast anything is.
 from __future__ import annotations
 
 import datetime
+import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -25,8 +27,8 @@ NAME = "karotte-bench/image-sandbox"
 VARIANTS = ("host userland", "image by reference", "image by name", "image tree as dir:")
 # Kept from one run to the next, as tests/test_env_images.py keeps its store: the first
 # run of a day builds the image (mmdebstrap, a minute), later ones find it.
-STORE = os.path.join("/tmp/karotte-test-images",
-                     f"store-bench-image-{datetime.date.today():%Y%m%d}")
+CACHE, PREFIX = "/tmp/karotte-test-images", "store-bench-image-"
+STORE = os.path.join(CACHE, f"{PREFIX}{datetime.date.today():%Y%m%d}")
 
 pytestmark = needs_sandbox()
 
@@ -50,6 +52,11 @@ def store() -> str:
         images.Store(STORE).import_image(IMAGE)
     except KarotteError as exc:
         pytest.skip(f"{IMAGE} cannot be built here: {exc}")
+    # Stores of days before yesterday's (a run that started yesterday may still use its).
+    yesterday = f"{PREFIX}{datetime.date.today() - datetime.timedelta(days=1):%Y%m%d}"
+    for old in glob.glob(os.path.join(CACHE, PREFIX + "*")):
+        if os.path.basename(old) < yesterday:
+            shutil.rmtree(old, ignore_errors=True)
     return STORE
 
 
