@@ -175,6 +175,7 @@ enum {
 
 #define KMF_RDONLY 0x1 /* read-only */
 #define KMF_DEV 0x2    /* keep device access: only for single device-node binds */
+#define KMF_NOSYMFOLLOW 0x4 /* (KM_BIND) follow no symlink in it (Linux 5.14); readlink works */
 
 struct kp_mount {
     uint32_t op;

@@ -42,6 +42,7 @@ KP_MAX_MSG = 262144
 KP_ROOT_CAPS = 251
 KMF_RDONLY = 1
 KMF_DEV = 2
+KMF_NOSYMFOLLOW = 4
 
 # enum kp_step: code -> name
 STEP_NAMES = {

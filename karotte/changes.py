@@ -18,6 +18,13 @@ host walks it through Sandbox.upper_fd with the workspace scan's walk and rules
 - user.overlay.overlay.* is a user.overlay.* xattr that the agent set: overlayfs (6.7+)
   stores it escaped, so that it marks nothing (before 6.7 it refuses to set it), and the
   copy drops it as it drops every xattr of the agent's;
+- a symlink is kept as a symlink: its target read with readlinkat on an O_PATH fd of the
+  link itself (the inode lstat saw; at most PATH_MAX - 1 bytes, each counted against
+  max_total_size), and made again with symlinkat in the copy. The host never follows it;
+  the sandbox on the diff resolves it in its own root, which is the agent's system, and
+  the grader's process sees /changes without following any link (a nosymfollow bind). A
+  symlink at, on the way to or inside a deliverable stays a violation: a deliverable is a
+  regular file in plain directories;
 - any other user.overlay.* xattr (a redirect, a metacopy file whose data is in a lower
   layer, an xattr whiteout, a value overlayfs does not write here) is rejected: the copy
   would show something other than what the agent saw (overlay-metadata). overlayfs writes
@@ -42,8 +49,8 @@ import time
 from typing import Callable, Sequence
 
 from .results import ScanResult, capped, escape
-from .scan import (COPY_TIME, PATH_TEXT_LIMIT, RULE_MODE, Frame, ScanError, ScanLimits, Walk,
-                   walk_into)
+from .scan import (COPY_TIME, PATH_TEXT_LIMIT, RULE_MODE, RULE_UNREADABLE, Frame, ScanError,
+                   ScanLimits, Walk, relation, walk_into)
 from .userns import AGENT_UID, ns_owner_ids, uid_base
 
 __all__ = ["scan_changes", "OVERLAY_XATTR", "OPAQUE"]
@@ -63,6 +70,8 @@ _MEANING = {
 }
 RULE_OVERLAY = "D3 overlay: an entry of the diff holds every byte and name it shows"
 RULE_OWNER = "D2 owners: every id in the upper is one of the sandbox's"
+# The link itself, never what it points at: O_PATH opens no file and follows nothing.
+_LINK_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _ids_inside() -> Callable[[int], int | None] | None:
@@ -100,6 +109,9 @@ class _Diff(Walk):
         return "/" + escape(raw)
 
     def _other(self, parent: Frame, name: bytes, raw: bytes, st: os.stat_result) -> None:
+        if stat.S_ISLNK(st.st_mode):
+            self._link(parent, name, raw, st)
+            return
         if not (stat.S_ISCHR(st.st_mode) and st.st_rdev == 0):
             super()._other(parent, name, raw, st)
             return
@@ -117,6 +129,40 @@ class _Diff(Walk):
             raise ScanError(f"cannot set the timestamps of the whiteout of {path}: "
                             f"{exc.strerror}") from exc
         self.deleted.append(path)
+
+    def _link(self, parent: Frame, name: bytes, raw: bytes, st: os.stat_result) -> None:
+        """A symlink of the agent's: copied as one (its target, never what it points at)."""
+        if any(relation(raw, d) for d in self.deliverables):
+            super()._other(parent, name, raw, st)  # rejected as in the workspace
+            return
+        opened = self._open(parent, name, raw, st, _LINK_FLAGS)
+        if opened is None:
+            return
+        fd, fst = opened
+        try:
+            target = os.readlink(b"", dir_fd=fd)  # readlinkat(fd, ""): this very inode's
+        except OSError as exc:
+            self._violate(raw, "unreadable", RULE_UNREADABLE, f"readlink failed: {exc.strerror}")
+            return
+        finally:
+            os.close(fd)
+        if not self._accepts_owner(raw, fst):
+            return
+        # The kernel holds at most PATH_MAX - 1 bytes of target; each counts as a copied
+        # byte, so a flood of long links cannot fill the host's copy past the budget.
+        if self.total + len(target) > self.limits.max_total_size:
+            self._stop(raw, "total-too-large", f"max_total_size={self.limits.max_total_size}",
+                       f"{self.total} bytes copied, this link's target adds {len(target)}")
+        self._charge(raw, self._shown(raw))
+        try:
+            os.symlink(target, name, dir_fd=parent.dst)  # symlinkat: follows nothing
+            if self.owner is not None:
+                os.chown(name, *self.owner, dir_fd=parent.dst, follow_symlinks=False)
+            os.utime(name, ns=(COPY_TIME * 10**9,) * 2, dir_fd=parent.dst, follow_symlinks=False)
+        except OSError as exc:
+            raise ScanError(f"cannot make the symlink /{escape(raw)} in dest_dir: "
+                            f"{exc.strerror}") from exc
+        self.total += len(target)
 
     def _dir_problems(self, raw: bytes, st: os.stat_result) -> bool:
         # setgid and sticky stay: a copy-up brings the image's own directories here with
@@ -150,6 +196,11 @@ class _Diff(Walk):
             self._violate(raw, "overlay-metadata", RULE_OVERLAY,
                           f"{OVERLAY_XATTR}{capped(key, 64)}: {meaning}")
             return False
+        return self._accepts_owner(raw, fst)
+
+    def _accepts_owner(self, raw: bytes, fst: os.stat_result) -> bool:
+        """Whether the entry's owner is one of the sandbox's; sets self.owner, the ids the
+        copy gets (None: the caller's)."""
         if self.inside is None:
             self.owner = None
             return True
@@ -205,7 +256,8 @@ def scan_changes(upper_fd: int, dest_dir: str | bytes | os.PathLike, limits: Sca
     dest_dir as a vetted diff: accepted regular files and directories with the agent's
     modes and, for a root caller, the ids the agent saw; whiteouts for deletions; opaque
     directories marked as overlayfs reads them. SandboxSpec(image=..., changes=dest_dir)
-    lays it over the image.
+    lays it over the image. A symlink is copied as a symlink (never followed), unless it is
+    at, on the way to or inside a deliverable.
 
     deliverables are absolute paths ("/etc/nginx/nginx.conf") whose violations decide the
     score, held however many others there are. Every path of the result is absolute.

@@ -14,6 +14,7 @@ with nothing installed, or under a grader image's python3.
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import math
 import os
@@ -252,7 +253,8 @@ class GradeContext:
     def read_deliverable(self, path: str, limit: int = 1 * MiB) -> bytes | None:
         """The vetted bytes of a deliverable, or None if the agent did not make it. A
         relative path is under /workspace; an absolute one (on an image) is the agent's
-        diff: the file as the agent left it, or None if it did not change or make it.
+        diff: the file as the agent left it, or None if it did not change or make it (a
+        symlink there, or on the way, is not a file it made: None, never followed).
         At most `limit` bytes (more raises GraderError: the answer is oversized)."""
         if path.startswith("/"):
             if self.changes is None:
@@ -268,10 +270,15 @@ class GradeContext:
         else:
             target = self.submission / path
         try:
-            with open(target, "rb") as f:
+            # O_NOFOLLOW, and /changes is nosymfollow for every component on the way
+            with open(os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
                 data = f.read(limit + 1)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a symlink: not a file the agent made
+                return None
+            raise
         if len(data) > limit:
             raise GraderError(f"{path} is larger than {limit} bytes")
         return data

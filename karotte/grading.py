@@ -5,7 +5,8 @@ sees, read-only: the grader's code (a private copy of the environment's package 
 Karotte's grader runtime) at /opt/karotte-lib, the hidden files at /hidden, the vetted
 copy of the workspace at /submission and, on an image, the vetted diff of the agent's
 root at /changes: data to read, never part of the grader's own root (a .pth file the
-agent put in the image's site-packages would run in the grader). The grader reports
+agent put in the image's site-packages would run in the grader), bound nosymfollow (a
+symlink of the agent's would resolve in the grader's root, where /hidden is). The grader reports
 over fd 3, a socket that only its own process holds; its stdout and stderr are logs,
 never the verdict.
 
@@ -388,7 +389,10 @@ def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, grader: GraderPython,
               agent_image: str, network: EgressPolicy | str) -> GradeReport:
     binds = (Bind(lib, LIB_MOUNT), Bind(hidden, "/hidden"), Bind(submission, "/submission"))
     if changes is not None:
-        binds += (Bind(changes.tree, str(CHANGES)),)
+        # nosymfollow: a symlink of the agent's diff (/etc/x -> /hidden/expected.txt) would
+        # resolve in this root, which holds /hidden; here no path through /changes follows
+        # one (readlink shows it). In ctx.run's sandboxes it resolves in their own root.
+        binds += (Bind(changes.tree, str(CHANGES), follow_symlinks=False),)
     spec = hide_package(replace(limits, binds=limits.binds + binds), target)
     deadline = time.monotonic() + limits.timeout
     host_end, grader_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

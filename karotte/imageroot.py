@@ -110,12 +110,14 @@ def _check_owner(what: str, tree: str) -> None:
                            f"Karotte as root, whose trees are idmapped")
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)  # once: a CDLL per call cost 7 us (docs/benchmarks.md)
+
+
 def _syscall(name: str, *args) -> int:
     nr = SYSCALL_NUMBERS[name].get(platform.machine())
     if nr is None:
         raise OSError(errno.ENOSYS, f"{name} has no number on {platform.machine()}")
-    libc = ctypes.CDLL(None, use_errno=True)
-    ret = libc.syscall(nr, *args)
+    ret = _LIBC.syscall(nr, *args)
     if ret < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))

@@ -143,8 +143,9 @@ def _add_binds(msg: p.Message, spec: SandboxSpec, hidden: dict[str, str]) -> Non
         _check_bind(bind, spec.hostname, hidden)
         if not os.path.exists(bind.src):
             raise FileNotFoundError(f"bind source does not exist: {bind.src}")
-        msg.mount(p.M_BIND, bind.dst, os.path.realpath(bind.src),
-                  flags=0 if bind.writable else p.MF_RDONLY)
+        flags = (0 if bind.writable else p.MF_RDONLY) | (
+            0 if bind.follow_symlinks else p.MF_NOSYMFOLLOW)
+        msg.mount(p.M_BIND, bind.dst, os.path.realpath(bind.src), flags=flags)
 
 
 # On an image: /dev is a small tmpfs of its own, so the image's /dev (whatever nodes or

@@ -37,7 +37,7 @@ T_ERRNO, T_WHAT, T_STEP, T_WAIT_STATUS, T_RUSAGE = (h.KT_ERRNO, h.KT_WHAT, h.KT_
 M_BIND, M_TMPFS, M_PROC, M_DEVPTS, M_SYMLINK, M_DIR, M_FILE, M_OVERLAY, M_LAYER = (
     h.KM_BIND, h.KM_TMPFS, h.KM_PROC, h.KM_DEVPTS, h.KM_SYMLINK, h.KM_DIR, h.KM_FILE,
     h.KM_OVERLAY, h.KM_LAYER)
-MF_RDONLY, MF_DEV = h.KMF_RDONLY, h.KMF_DEV
+MF_RDONLY, MF_DEV, MF_NOSYMFOLLOW = h.KMF_RDONLY, h.KMF_DEV, h.KMF_NOSYMFOLLOW
 
 # Where a start or an exec failed (enum kp_step), by name: KS_MOUNT_PROC is "mount-proc".
 # karotte/steps.py says what each means.

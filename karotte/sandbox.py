@@ -63,6 +63,7 @@ class _Core:
         self.workspace_fd: int | None = None
         self.egress = None  # the EgressSession serving its listeners (karotte/net.py)
         self.egress_closed = None  # that session once closed, for its record
+        self.ip = None  # the ip mode's IpLink: its veth and nftables table (karotte/net.py)
         self.upper_fd: int | None = None  # on an image: the overlay's upper, the agent's diff
         self.broken: str | None = None
         self.closed = False
@@ -116,6 +117,7 @@ class _Core:
                 _write_proc(self.pid, "setgroups", "deny")
             _write_proc(self.pid, "uid_map", ident.agent_uid_map(owner))
             _write_proc(self.pid, "gid_map", ident.gid_map)
+            self.ip = net.start_ip(spec, self.pid)  # init waits for its go: no agent code yet
             self.send(p.Message(p.GO).to_bytes(), [])
             self._send_config(ident)
         except BaseException as exc:
@@ -342,6 +344,9 @@ class _Core:
                 if self.egress is not None:
                     self.egress.close()
                     self.egress_closed, self.egress = self.egress, None  # its record stays
+                if self.ip is not None:
+                    self.ip.close()
+                    self.ip = None
                 if self.sock is not None:
                     self.sock.close()
                     self.sock = None

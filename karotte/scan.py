@@ -225,7 +225,8 @@ class Walk:
 
     def _other(self, parent: Frame, name: bytes, raw: bytes, st: os.stat_result) -> None:
         """An entry that is neither a regular file nor a directory, judged on lstat alone:
-        a FIFO, socket, device or symlink is never opened."""
+        a FIFO, socket, device or symlink is never opened. (A diff's walk keeps a symlink:
+        it reads the target on an O_PATH fd of the link, which opens nothing it names.)"""
         fmt = stat.S_IFMT(st.st_mode)
         kind, detail = _SPECIAL_KINDS.get(fmt, ("unknown-type", f"file type {fmt:#o}"))
         self._violate(raw, kind, RULE_TYPES, detail)

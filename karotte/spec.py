@@ -68,6 +68,11 @@ def path_within(path: str, top: str) -> bool:
 class Bind:
     """A host path made visible inside the sandbox; read-only unless writable.
 
+    follow_symlinks=False mounts it nosymfollow: no path through the bind follows a
+    symlink in it (ELOOP), and readlink still shows each one. For a tree of another's
+    links that must not resolve in this sandbox's root (the grader's /changes). It needs
+    Linux 5.14; an older kernel fails the sandbox's start, naming it.
+
     src and dst are absolute; dst is normalised (no '.', '..', '//' or trailing '/'),
     not '/', and not in /proc, /dev or /sys. Where dst meets Karotte's own mounts is
     checked by the mount plan (karotte/mounts.py), which knows them."""
@@ -75,8 +80,13 @@ class Bind:
     src: str
     dst: str
     writable: bool = False
+    follow_symlinks: bool = True
 
     def __post_init__(self):
+        for name in ("writable", "follow_symlinks"):
+            if not isinstance(getattr(self, name), bool):
+                raise BindError(f"bind {name} must be True or False, got "
+                                f"{getattr(self, name)!r}")
         for name in ("src", "dst"):
             path = getattr(self, name)
             if not isinstance(path, str) or not path.startswith("/") or "\0" in path:

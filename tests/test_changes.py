@@ -71,7 +71,8 @@ def tree_of(dest: str) -> dict[str, tuple]:
         for name in dirs + files:
             path = os.path.join(d, name)
             st = os.lstat(path)
-            kind = "c" if stat.S_ISCHR(st.st_mode) else "d" if stat.S_ISDIR(st.st_mode) else "f"
+            kind = ("c" if stat.S_ISCHR(st.st_mode) else "d" if stat.S_ISDIR(st.st_mode)
+                    else "l" if stat.S_ISLNK(st.st_mode) else "f")
             opaque = kind == "d" and OPAQUE in os.listxattr(path)
             out["/" + os.path.relpath(path, dest)] = (kind, stat.S_IMODE(st.st_mode),
                                                       st.st_uid, st.st_gid, opaque)
@@ -138,11 +139,57 @@ def test_DIFF_FIFO_01_a_fifo_at_etc_x_is_rejected_and_named(image, dest, no_leak
     assert not os.path.lexists(os.path.join(dest, "etc/x"))
 
 
-def test_DIFF_SYMLINK_01_a_symlink_replacing_python3_is_rejected(image, dest, no_leaks):
+def test_DIFF_SYMLINK_01_a_symlink_replacing_python3_is_kept_as_a_symlink(image, dest, no_leaks):
     r, result = agent_diff(image, "ln -sf /bin/sh /usr/bin/python3", dest)
+    assert r.ok and not result.violations, (r, result)
+    link = os.path.join(dest, "usr/bin/python3")
+    st = os.lstat(link)
+    assert stat.S_ISLNK(st.st_mode) and os.readlink(link) == "/bin/sh"
+    # the ids the root agent saw (0:0), as the diff's files carry them; the copy's times
+    assert (st.st_uid, st.st_gid) == ((0, 0) if os.geteuid() == 0 else (os.geteuid(), os.getegid()))
+    assert st.st_mtime == COPY_TIME
+
+
+def test_DIFF_SYMLINK_02_the_host_never_follows_a_link_of_the_diff(image, dest, tmp_path,
+                                                                     no_leaks):
+    """Links to what the host may read (a file of root's, a directory, a relative way up
+    to them): the copy holds the links, not a byte of what they name."""
+    secret = tmp_path / "host-secret"
+    secret.write_text("HOST SECRET\n")
+    script = (f"ln -s {secret} /etc/file && ln -s {tmp_path} /etc/dir && "
+              f"ln -s ../../../../../../..{secret} /etc/up && echo mine > /etc/mine")
+    r, result = agent_diff(image, script, dest)
+    assert r.ok and not result.violations, (r, result)
+    assert [f.path for f in result.files] == ["/etc/mine"]
+    assert {n: os.readlink(os.path.join(dest, "etc", n)) for n in ("file", "dir", "up")} == {
+        "file": str(secret), "dir": str(tmp_path), "up": f"../../../../../../..{secret}"}
+    assert tree_of(dest)["/etc/dir"][0] == "l"
+    for d, dirs, files in os.walk(dest):
+        for name in files:
+            path = os.path.join(d, name)
+            if not os.path.islink(path):
+                with open(path, "rb") as f:
+                    assert b"HOST SECRET" not in f.read(), path
+
+
+@pytest.mark.parametrize("deliverable, script, path", [
+    ("/etc/x", "ln -s /etc/issue /etc/x", "/etc/x"),
+    ("/etc/app/conf", "ln -s /root /etc/app", "/etc/app"),
+    ("/etc/app", "mkdir /etc/app && ln -s /etc/issue /etc/app/conf", "/etc/app/conf"),
+], ids=["at", "on-the-way", "inside"])
+def test_DIFF_SYMLINK_04_a_symlink_at_in_or_on_the_way_to_a_deliverable_is_rejected(
+        image, dest, no_leaks, deliverable, script, path):
+    r, result = agent_diff(image, script, dest, deliverables=(deliverable,))
+    assert r.ok and kinds(result) == {path: "symlink"}, (r, result)
+    assert not os.path.lexists(os.path.join(dest, path[1:]))
+
+
+def test_DIFF_FLOOD_01_link_targets_count_against_max_total_size(image, dest, no_leaks):
+    script = "python3 -c \"import os; [os.symlink('a' * 4000, f'/etc/l{i:02}') for i in range(50)]\""
+    r, result = agent_diff(image, script, dest, limits=ScanLimits(max_total_size=100_000))
     assert r.ok, r
-    assert kinds(result) == {"/usr/bin/python3": "symlink"}
-    assert not os.path.lexists(os.path.join(dest, "usr/bin/python3"))
+    assert not result.complete and kinds(result) == {"/etc/l25": "total-too-large"}, result
+    assert len(os.listdir(os.path.join(dest, "etc"))) == 25
 
 
 def test_DIFF_SUID_01_a_setuid_file_is_rejected(image, dest, no_leaks):
@@ -364,22 +411,14 @@ def test_DIFF_READBACK_01_a_vetted_diff_reads_back_over_the_image_in_a_new_sandb
         assert f.read() == "mine\n"  # the diff is a lower: never written
 
 
-def test_DIFF_SYMLINK_01_a_sandbox_on_the_diff_still_runs_the_images_python3(
-        image, dest, no_leaks):
+def test_DIFF_SYMLINK_01_a_sandbox_on_the_diff_runs_the_agents_python3(image, dest, no_leaks):
+    # The link resolves in the sandbox's own root: the image, the diff and what the new
+    # sandbox is given. Its python3 is the agent's /bin/sh, the agent's own system.
     r, result = agent_diff(image, "ln -sf /bin/sh /usr/bin/python3 && rm /usr/bin/python3.11", dest)
-    assert r.ok and kinds(result) == {"/usr/bin/python3": "symlink"}, (r, result)
-    assert result.deleted == ("/usr/bin/python3.11",)
+    assert r.ok and not result.violations and result.deleted == ("/usr/bin/python3.11",), result
     with Sandbox(SandboxSpec(image=image, changes=dest)) as sb:
-        # python3 is the image's link to python3.11, which the diff deletes: the link
-        # dangles, and nothing of the agent's runs in its place.
-        r = sb.exec(["/bin/sh", "-c", "readlink /usr/bin/python3; python3 -c 'print(1)'"])
-        assert r.stdout.startswith(b"python3.11\n") and r.exit_code == 127, r
-    shutil.rmtree(dest)
-    os.mkdir(dest)
-    r, result = agent_diff(image, "ln -sf /bin/sh /usr/bin/python3", dest)
-    with Sandbox(SandboxSpec(image=image, changes=dest)) as sb:
-        r = sb.exec(["python3", "-c", "import sys; print(sys.version_info[:2])"])
-        assert r.stdout == b"(3, 11)\n", r
+        r = sb.exec(["/bin/sh", "-c", "readlink /usr/bin/python3; python3 -c 'echo the agents'"])
+        assert r.stdout == b"/bin/sh\nthe agents\n", r
 
 
 def test_DIFF_OPAQUE_01_a_replaced_directory_shows_only_the_new_contents(image, dest, no_leaks):

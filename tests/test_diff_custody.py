@@ -151,17 +151,20 @@ def test_DIFF_FIFO_01_a_fifo_at_etc_x(deliverables, on_image, no_leaks):
 
 
 @episodes
-def test_DIFF_SYMLINK_01_a_symlink_replacing_usr_bin_python3_is_left_out(on_image, no_leaks):
+def test_DIFF_SYMLINK_01_a_symlink_replacing_usr_bin_python3_reaches_ctx_run_alone(on_image,
+                                                                                  no_leaks):
+    """Safe: ctx.run's root is the agent's image, its diff and the submission, the system
+    the agent made, and nothing it must not see (no /hidden); the link resolves there. The
+    grader's own python3 is its image's: /changes is data, never the grader's root."""
     probe = {"runs": [["python3", "-c", "import sys; print(sys.version_info[:2])"],
-                      ["/usr/local/bin/forged"]]}
+                      ["readlink", "/usr/bin/python3"]]}
     outcome = play(on_image(probe),
                    "printf '#!/bin/sh\\necho FORGED\\n' > /usr/local/bin/forged && "
                    "chmod 755 /usr/local/bin/forged && "
                    "ln -sf /usr/local/bin/forged /usr/bin/python3 && python3 | grep -q FORGED")
-    assert outcome.reason == "graded", outcome.grader_log
-    assert kinds(outcome)["/usr/bin/python3"] == "symlink"
-    # ctx.run's python3 is the image's; the agent's regular file made it into the diff
-    assert ran(outcome) == [(0, "(3, 11)\n"), (0, "FORGED\n")]
+    # graded: the grader ran under its image's python3, not the agent's link
+    assert outcome.reason == "graded" and not outcome.violations, outcome.grader_log
+    assert ran(outcome) == [(0, "FORGED\n"), (0, "/usr/local/bin/forged\n")]
 
 
 @episodes
@@ -231,6 +234,65 @@ def test_DIFF_DPKG_01_a_package_the_root_agent_installs_is_seen_by_ctx_run(on_im
     assert outcome.reason == "graded", outcome.grader_log
     assert ran(outcome) == [(0, "hello from the package\n"), (0, "install ok installed"),
                             (0, "42\n")], outcome.details["runs"]
+
+
+@in_the_lane_too
+@episodes
+def test_DIFF_DPKG_01_a_packages_relative_and_absolute_symlinks_work_in_ctx_run(on_image,
+                                                                               no_leaks):
+    lib = "/usr/lib/libkarotte.so"
+    deb = ("mkdir -p /root/pkg/DEBIAN /root/pkg/usr/lib /root/pkg/usr/bin && "
+           "printf 'Package: karotte-links\\nVersion: 1.0\\nArchitecture: all\\n"
+           "Maintainer: Karotte <tests@karotte.invalid>\\nDescription: links\\n' "
+           "> /root/pkg/DEBIAN/control && "
+           f"echo 'the library' > /root/pkg{lib}.1.2.3 && "
+           f"ln -s libkarotte.so.1.2.3 /root/pkg{lib}.1 && "
+           "printf '#!/bin/sh\\necho hello from the link\\n' > /root/pkg/usr/bin/karotte-real && "
+           "chmod 755 /root/pkg/usr/bin/karotte-real && "
+           "ln -s /usr/bin/karotte-real /root/pkg/usr/bin/karotte-abs && "
+           "dpkg-deb --build --root-owner-group /root/pkg /root/links.deb >/dev/null && "
+           "dpkg -i /root/links.deb >/dev/null")
+    probe = {"runs": [["cat", f"{lib}.1"], ["readlink", f"{lib}.1", "/usr/bin/karotte-abs"],
+                      ["karotte-abs"], ["dpkg", "-L", "karotte-links"]]}
+    outcome = play(on_image(probe), deb)
+    assert outcome.reason == "graded" and not outcome.violations, outcome.grader_log
+    (cat, readlink, run, listed) = ran(outcome)
+    assert (cat, readlink, run) == ((0, "the library\n"),
+                                    (0, "libkarotte.so.1.2.3\n/usr/bin/karotte-real\n"),
+                                    (0, "hello from the link\n")), outcome.details["runs"]
+    assert f"{lib}.1\n" in listed[1] and "/usr/bin/karotte-abs\n" in listed[1]
+
+
+@in_the_lane_too
+@episodes
+def test_DIFF_SYMLINK_03_a_link_to_hidden_gives_a_naive_grader_nothing(monkeypatch,
+                                                                            attack_tree,
+                                                                            runtime_dir,
+                                                                            no_leaks):
+    """/etc/answer -> /hidden/expected.txt, and /etc/way -> /hidden on the way: the
+    grader's process opens both under ctx.changes and follows neither (ELOOP), readlink
+    shows the link, read_deliverable gives None, and ctx.run's root has no /hidden."""
+    from envs.naive_diff import NaiveDiff
+    if runtime_dir:
+        monkeypatch.setenv("KAROTTE_RUNTIME_DIR", runtime_dir)
+    monkeypatch.setattr(NaiveDiff, "image", f"dir:{attack_tree}")
+    outcome = play(NaiveDiff(), "ln -s /hidden/expected.txt /etc/answer && ln -s /hidden /etc/way")
+    assert outcome.reason == "graded" and not outcome.violations, outcome.grader_log
+    assert outcome.reward == 0.0, outcome.details
+    assert outcome.details == {"etc/answer": "errno 40", "etc/way/expected.txt": "errno 40",
+                               "readlink": "/hidden/expected.txt", "read_deliverable": None,
+                               "runs": [1]}
+
+
+@episodes
+@pytest.mark.parametrize("deliverable, command, path", [
+    ("/etc/x", "ln -s /etc/issue /etc/x", "/etc/x"),
+    ("/etc/app/conf", "ln -s /etc /etc/app", "/etc/app")], ids=["at", "on-the-way"])
+def test_DIFF_SYMLINK_04_a_symlink_at_a_deliverable_is_still_a_violation(
+        deliverable, command, path, on_image, no_leaks):
+    outcome = play(on_image({}, (deliverable,)), command)
+    assert kinds(outcome) == {path: "symlink"}
+    assert (outcome.reason, outcome.reward) == ("scanner_rejected_required_output", 0.0)
 
 
 @in_the_lane_too

@@ -11,6 +11,10 @@
 
 #include "init.h"
 
+#ifndef MOUNT_ATTR_NOSYMFOLLOW
+#define MOUNT_ATTR_NOSYMFOLLOW 0x00200000 /* linux/mount.h before 5.14 */
+#endif
+
 static void write_file(const char *path, const char *data, size_t len, mode_t mode)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
@@ -333,6 +337,15 @@ void do_mount(const struct kp_mount *m, const char *src, const char *dst, uint32
         if (m->flags & KMF_RDONLY)
             attrs |= MOUNT_ATTR_RDONLY;
         set_mount_attrs(target, attrs, 1);
+        if (m->flags & KMF_NOSYMFOLLOW) {
+            /* A call of its own, so that a kernel without the attribute (before 5.14:
+             * EINVAL) fails the start naming it, instead of leaving the links followable. */
+            struct mount_attr a = {0};
+            a.attr_set = MOUNT_ATTR_NOSYMFOLLOW;
+            if (syscall(SYS_mount_setattr, AT_FDCWD, target, AT_RECURSIVE, &a, sizeof(a)) < 0)
+                setup_fail(KS_MOUNT_SETATTR, "mount_setattr nosymfollow %s (needs Linux 5.14)",
+                           dst);
+        }
         return;
     }
     case KM_TMPFS:
