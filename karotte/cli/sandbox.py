@@ -189,6 +189,8 @@ def _output_json(name: str, data: bytes) -> dict:
 
 def _result_json(result: ExecResult) -> dict:
     out = dataclasses.asdict(result)
+    # the exec's own record, bounded (docs/egress.md, "The record of each exec")
+    out["egress"] = result.egress.to_dict() if result.egress is not None else None
     out.update(_output_json("stdout", result.stdout))
     out.update(_output_json("stderr", result.stderr))
     return out
@@ -280,10 +282,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
         with sandbox:
             result = sandbox.exec(args.command, stdin=stdin, env=env, cwd=cwd,
                                   on_output=None if args.json else stream)
-            egress = sandbox.egress_record()
         if args.json:
-            print(json.dumps({**_result_json(result), **(
-                {"egress": egress.to_dict()} if egress is not None else {})}), flush=True)
+            print(json.dumps(_result_json(result)), flush=True)
     except BrokenPipeError:
         return _stdout_gone()
     except KarotteError as exc:  # the sandbox broke under the command
