@@ -342,7 +342,7 @@ def phase_policy(network: Network | None,
         raise EgressConfigError(f"{what}: {exc}") from None
 
 
-RUN_REACHES = 1000  # of the reaches of all of a grading's ctx.run a GradeReport holds
+RUN_REACHES = 200  # of the reaches of all of a grading's ctx.run a GradeReport holds
 
 
 def joined_egress(records: list[EgressRecord]) -> EgressRecord | None:

@@ -20,7 +20,8 @@ ARGUMENT_LOG_LIMIT = 4 * KiB  # of each logged command or path
 DETAILS_LIMIT = 64 * KiB  # of the grader's details, whole top-level entries
 GRADER_LOG_RECORD_LIMIT = 64 * KiB
 INFRA_ERROR_LIMIT = 4 * KiB
-EPISODE_REACHES = 1000  # of the agent's egress, the proxy's own cap (egress/record.py)
+EPISODE_REACHES = 200  # of the agent's egress an Outcome holds (the proxy keeps 1000): with
+# grader_egress's RUN_REACHES, the record stays under 1 MiB (REC-BOUND-01)
 
 
 @dataclass(frozen=True)

@@ -191,6 +191,7 @@ def test_EGRESS_REC_BOUND_01_a_flood_of_refused_requests_keeps_every_record_boun
         assert len(json.dumps(x.detail)) <= REACH_TEXT_LIMIT
     size = len(json.dumps(outcome.to_dict()["egress"]))
     assert size <= EPISODE_REACHES * (2 * REACH_TEXT_LIMIT + 200), size
+    assert len(json.dumps(outcome.to_dict())) < 1024 * 1024  # the whole record (REC-BOUND-01)
 
 
 def test_upstream_credentials_come_from_the_trainer_and_enter_no_sandbox_or_record(
