@@ -35,7 +35,8 @@ struct kp_record {
 enum {
     KP_GO = 4,     /* to the spawned child, before exec: maps and cgroup are in place */
     KP_CONFIG = 1, /* the sandbox plan, init's first message; on an image, from a root
-                      caller, the image's tree attached: a detached idmapped mount (KM_OVERLAY) */
+                      caller, the image's tree attached: a detached idmapped mount (KM_OVERLAY),
+                      and after it the vetted diff's, if the plan has a KM_LAYER */
     KP_EXEC = 2,   /* run a command as the agent; fds stdin, stdout, stderr attached,
                       or none with KT_TTY: init then makes a pty for it */
     KP_SIGNAL = 3, /* signal an exec's process group: record KT_SIGNAL */
@@ -43,7 +44,9 @@ enum {
 
 /* init -> host */
 enum {
-    KP_READY = 101,     /* setup done; fds: a directory of /workspace, then the egress listeners */
+    KP_READY = 101,     /* setup done; fds: a directory of /workspace, on an image
+                           (KM_OVERLAY) one of the overlay's upper after it, then the
+                           egress listeners */
     KP_SETUP_ERR = 102, /* setup failed: KT_STEP, KT_ERRNO, KT_WHAT; init exits after it */
     KP_EXEC_ERR = 104,  /* exec id could not start: KT_STEP, KT_ERRNO, KT_WHAT */
     KP_EXITED = 105,    /* exec id ended: KT_WAIT_STATUS, KT_RUSAGE */
@@ -124,7 +127,8 @@ enum kp_step {
     KS_DIR = 60,  /* KM_DIR's owner or mode */
     KS_FILE = 61, /* KM_FILE's create, write or mode */
     KS_MOUNT_OP = 62, /* an unknown KM_* operation, or KM_OVERLAY not first */
-    KS_OVERLAY_LOWER = 63, /* the image's tree as the lower: moved into place, or bound */
+    KS_OVERLAY_LOWER = 63, /* a lower: the image's tree or the vetted diff, moved into place or
+                              bound; the layer of the plan's mount points */
     KS_OVERLAY_UPPER = 64, /* the tmpfs of the upper and work directories */
     KS_OVERLAY = 65,       /* the overlay mount of the root */
     /* setup: the network (csrc/init/net.c) */
@@ -161,13 +165,17 @@ enum {
     KM_SYMLINK = 5, /* symlink dst -> src */
     KM_DIR = 6,     /* mkdir dst with mode, uid, gid */
     KM_FILE = 7,    /* file dst with content src (len in size), mode */
-    KM_OVERLAY = 8, /* the root (dst /), first of the plan: an overlay whose lower is the tree
-                       src (read-only, nosuid, nodev; the attached idmapped mount if the
-                       config has one), upper and work on a tmpfs of size and inodes */
+    KM_OVERLAY = 8, /* the root (dst /), first of the plan (after a KM_LAYER): an overlay whose
+                       lower is the tree src (read-only, nosuid, nodev; the attached idmapped
+                       mount if the config has one), upper and work on a tmpfs of size and
+                       inodes, and above the lower a layer of the plan's mount points */
+    KM_LAYER = 9,   /* (dst /) a vetted diff src, laid read-only over the tree by the next
+                       KM_OVERLAY: the config's second fd if the tree came as one */
 };
 
 #define KMF_RDONLY 0x1 /* read-only */
 #define KMF_DEV 0x2    /* keep device access: only for single device-node binds */
+#define KMF_NOSYMFOLLOW 0x4 /* (KM_BIND) follow no symlink in it (Linux 5.14); readlink works */
 
 struct kp_mount {
     uint32_t op;

@@ -81,6 +81,45 @@ class Grade:
             object.__setattr__(self, "reward", float(self.reward))
 
 
+@dataclass(frozen=True)
+class Network:
+    """What the sandboxes of one phase of an episode may reach through the host-side
+    egress proxy (docs/egress.md, "Networks of an environment"): an allow-list of
+    karotte.egress.parse_policy's grammar, and named upstreams by URL. Plain data, parsed
+    in the trainer's process only: this class's text is readable by the agent, so it holds
+    no credential. An upstream's headers come from the trainer, as
+    Episode(upstream_headers=...) or from the environment variables of the trainer's
+    process that headers_from_env names; they never enter a sandbox."""
+
+    allow: Sequence[str] = ()
+    upstreams: Mapping[str, str] = field(default_factory=dict)  # name -> http(s) URL
+    # upstream name -> header -> the NAME of a variable of the trainer's environment
+    headers_from_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if isinstance(self.allow, str) or not isinstance(self.allow, Sequence) or not all(
+                isinstance(a, str) for a in self.allow):
+            raise TypeError(f"Network.allow is a tuple of entries such as ('pypi.org', "
+                            f"'*.pythonhosted.org'), got {self.allow!r}")
+        if not (isinstance(self.upstreams, Mapping) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.upstreams.items())):
+            raise TypeError("Network.upstreams maps a name to a URL as str "
+                            "({'model': 'https://api.example.com/v1'}); its headers come "
+                            f"from the trainer (headers_from_env), got {self.upstreams!r}")
+        heads = self.headers_from_env
+        if not (isinstance(heads, Mapping) and all(
+                isinstance(h, Mapping) and all(isinstance(k, str) and isinstance(v, str)
+                                               for k, v in h.items())
+                for h in heads.values())):
+            raise TypeError("Network.headers_from_env maps an upstream to {header: name of a "
+                            "variable of the trainer's environment}, such as {'model': "
+                            f"{{'Authorization': 'MODEL_AUTH'}}}}, got {heads!r}")
+        unknown = sorted(set(heads) - set(self.upstreams))
+        if unknown:
+            raise ValueError(f"Network.headers_from_env names the upstreams {unknown}, which "
+                             f"Network.upstreams does not declare ({sorted(self.upstreams)})")
+
+
 class Environment:
     """Base class of a task. Override prompt() and grade(); the rest has defaults."""
 
@@ -99,9 +138,17 @@ class Environment:
     #: grading, nested runs included
     grader_limits: ClassVar[SandboxSpec] = SandboxSpec(memory=1 * GiB, pids=256, timeout=300.0,
                                                        disk=256 * MiB)
-    #: paths under /workspace that grade() reads. A violation on one (a symlink, a FIFO,
-    #: a file over the size cap...) scores the bottom reward with a reason.
+    #: paths that grade() reads: relative ones under /workspace; on an image also absolute
+    #: ones outside it ("/etc/nginx/nginx.conf"), which are in the agent's diff of the
+    #: image (ctx.changes). A violation on one (a symlink, a FIFO, a file over the size
+    #: cap...) scores the bottom reward with a reason.
     deliverables: ClassVar[Sequence[str]] = ()
+    #: what the agent's sandbox reaches through the host-side egress proxy (a Network);
+    #: None (the default): loopback only
+    network: ClassVar[Network | None] = None
+    #: what the sandboxes of the grader's ctx.run reach, its own list; None: loopback only.
+    #: The grading sandbox itself has no network
+    grader_network: ClassVar[Network | None] = None
     #: the custody scan's budgets (docs/scan.md); tighten them to what the task needs
     scan_limits: ClassVar[ScanLimits] = ScanLimits()
     #: (bottom, top) of the rewards grade() returns; a give-up or a failure scores bottom
@@ -191,7 +238,10 @@ def check_environment(env: object) -> Environment:
         raise TypeError(f"{name}.deliverables must be a tuple of paths, such as "
                         f"('answer.txt',), got {deliverables!r}")
     for d in deliverables:
-        check_path(d, f"{name}.deliverables entry")
+        if isinstance(d, str) and d.startswith("/"):
+            _check_absolute_deliverable(d, name, env.image)
+        else:
+            check_path(d, f"{name}.deliverables entry")
         if len(d.encode("utf-8", "surrogateescape")) > MAX_DELIVERABLE_BYTES \
                 or not d.isprintable() or "\\" in d:
             raise ValueError(f"{name}.deliverables entry {d!r} must be printable text without "
@@ -202,6 +252,7 @@ def check_environment(env: object) -> Environment:
             raise TypeError(f"{name}.{attr} must be a {kind.__name__}, got "
                             f"{type(getattr(env, attr)).__name__}")
     _check_images(env, name)
+    _check_networks(env, name)
     bounds = env.reward_range
     if not (isinstance(bounds, tuple) and len(bounds) == 2
             and all(isinstance(b, numbers.Real) and not isinstance(b, bool)
@@ -209,6 +260,37 @@ def check_environment(env: object) -> Environment:
         raise ValueError(f"{name}.reward_range must be (bottom, top), two finite numbers with "
                          f"bottom < top, got {bounds!r}")
     return env
+
+
+# Where an absolute deliverable cannot be: mounts of every sandbox of their own, which
+# are no part of the image's diff (docs/images.md, "Custody of the diff").
+NOT_IN_DIFF = {"/workspace": "the workspace: name its files relative to it ('answer.txt')",
+               "/tmp": "a tmpfs of the agent's sandbox, gone with it",
+               "/home/agent": "a tmpfs of the agent's sandbox, gone with it",
+               "/proc": "the sandbox's procfs", "/dev": "the sandbox's device nodes",
+               "/sys": "not in any sandbox"}
+
+
+def _check_absolute_deliverable(path: str, name: str, image: object) -> None:
+    """An absolute deliverable: on an image only, a file or directory of the agent's diff
+    (karotte/custody.py), written plainly and outside the sandbox's own mounts."""
+    what = f"{name}.deliverables entry {path!r}"
+    if image == "host":
+        raise ValueError(f"{what} is absolute: on the host's userland the agent can change "
+                         "/workspace only, so a deliverable is a path relative to it; absolute "
+                         f"paths are for an image's diff (declare {name}.image, "
+                         "docs/images.md)")
+    if "\0" in path:
+        raise ValueError(f"{what} contains a NUL byte")
+    parts = path[1:].split("/")
+    if path == "/" or path.endswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{what} must name one file or directory plainly: no '.', '..' or "
+                         "empty component, not '/' itself, no '/' at the end")
+    for top, why in NOT_IN_DIFF.items():
+        if path == top or path.startswith(top + "/"):
+            raise ValueError(f"{what} is under {top}, {why}; an absolute deliverable is a "
+                             "path of the image that the agent changes (/etc/..., /usr/..., "
+                             "/app/...)")
 
 
 def _check_images(env: Environment, name: str) -> None:
@@ -227,6 +309,21 @@ def _check_images(env: Environment, name: str) -> None:
             raise ValueError(f"{name}.{attr} names the image {spec.image!r}; declare it as "
                              f"{name}.{declared} = {spec.image!r} instead (the limits take "
                              f"their image from there)")
+
+
+def _check_networks(env: Environment, name: str) -> None:
+    """network and grader_network are Networks or None, and no network is set in the
+    limits themselves: each phase's network is declared in one place, as plain data."""
+    for attr in ("network", "grader_network"):
+        value = getattr(env, attr)
+        if value is not None and not isinstance(value, Network):
+            raise TypeError(f"{name}.{attr} must be a karotte.environment.Network "
+                            f"(Network(allow=('pypi.org',))) or None, got {value!r}")
+    for attr, declared in (("limits", "network"), ("grader_limits", "grader_network")):
+        if getattr(env, attr).network != "none":
+            raise ValueError(f"{name}.{attr} sets a network; declare it as {name}.{declared} "
+                             f"= Network(allow=(...)) instead (the grader imports this class, "
+                             "and the credentials come from the trainer)")
 
 
 def grader_image_of(env: Environment) -> str:

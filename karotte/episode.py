@@ -22,108 +22,34 @@ reward and the reason "budget_exhausted".
 from __future__ import annotations
 
 import asyncio
-import io
 import math
 import numbers
-import tarfile
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable, Generic, Mapping, TypeVar
 
 from . import imageref, images
-from .custody import Custody, deliverable_violations, take_custody
-from .environment import Environment, File, agent_spec, check_environment, check_files, load
+from .custody import Custody, check_changes_home, deliverable_violations, take_custody
+from .environment import Environment, agent_spec, check_environment, check_files, load
 from .errors import KarotteError, SandboxClosed
-from .grading import GradeReport, run_grader
+from .grading import GradeReport, phase_policy, run_grader
 from .limiter import DEFAULT_CONCURRENCY, set_concurrency  # noqa: F401 (their old home)
 from .limiter import Limiter, Slots, default_limiter
 from .mounts import WORKSPACE
-from .outcome import (ARGUMENT_LOG_LIMIT, GRADER_LOG_RECORD_LIMIT, INFRA_ERROR_LIMIT, ExecRecord,
-                      Outcome, Timings, bounded_details)
-from .results import ExecResult, capped
+from .outcome import (ARGUMENT_LOG_LIMIT, EPISODE_REACHES, GRADER_LOG_RECORD_LIMIT,
+                      INFRA_ERROR_LIMIT, ExecRecord, Outcome, Timings, bounded_details)
+from .results import EgressRecord, ExecResult, capped
 from .sandbox import AsyncSandbox, Sandbox
 from .scan import ScanLimits
 from .seeding import env_name, env_seed
 from .spec import SandboxSpec
+from .toolcalls import IMAGE_TOOLS, UNTAR, ToolCall, ToolResult, render, tarball, tool_argv
+from .toolcalls import MAX_ARGUMENT, bash_argv  # noqa: F401 (their old home)
 from .userland import hide_package
 
-SHELL_STATE = "/home/agent/.karotte-shell-state"
-# Each command runs in a fresh bash that first restores the previous command's working
-# directory and exported variables, and saves them again on exit. No long-lived shell:
-# a timeout kills one command's process group and nothing else, and no output marker
-# exists that the agent could print to confuse the parser.
-SHELL = r"""
-if [ -r %(state)s ]; then . %(state)s; fi
-__karotte_save() {
-    export -n SHLVL _ OLDPWD 2>/dev/null  # this shell is ending: only the saved list changes
-    { export -p; printf 'cd -- %%q 2>/dev/null\n' "$PWD"; } > %(state)s 2>/dev/null
-}
-trap __karotte_save EXIT
-eval "$1"
-""" % {"state": SHELL_STATE}
-UNTAR = ["tar", "-x", "--no-same-owner", "-m", "-C", "/workspace", "-f", "-"]
-# What the tools run on an image, checked at reset, so that an image without one fails
-# there, named, and not at the agent's first call: the bash tool /bin/bash (no /bin/sh
-# fallback: the shell state above is bash's, and agents write bash), write_file /bin/sh,
-# read_file cat, placing the task's files tar. The host's userland has them all. Each is
-# looked for in PATH as the exec does (`command -v` would also find a shell's builtins).
-IMAGE_TOOLS = ["/bin/sh", "-c", "[ -x /bin/bash ] || echo /bin/bash; for t in cat tar; do "
-               'f=; IFS=:; for d in $PATH; do [ -x "$d/$t" ] && f=1; done; unset IFS; '
-               '[ -n "$f" ] || echo "$t"; done; true']
-TRUNCATED = "\n[karotte: output truncated, only the first {limit} bytes of {stream} are shown]\n"
-MAX_ARGUMENT = 128 * 1024 - 1  # MAX_ARG_STRLEN: the kernel's limit on one argv string
 DEFAULT_MAX_TURNS = 1000
 _S = TypeVar("_S", Sandbox, AsyncSandbox)
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    """One tool call as the agent sees it (text) and as the trainer logs it."""
-
-    text: str
-    exit_code: int | None
-    timed_out: bool
-    truncated: bool
-    wall_seconds: float
-
-
-def _render(result: ExecResult, limit: int, timeout: float) -> str:
-    text = result.stdout.decode("utf-8", errors="replace")
-    if result.stdout_truncated:
-        text += TRUNCATED.format(limit=limit, stream="stdout")
-    err = result.stderr.decode("utf-8", errors="replace")
-    if result.stderr_truncated:
-        err += TRUNCATED.format(limit=limit, stream="stderr")
-    if err:
-        text += err
-    if result.timed_out:
-        text += f"\n[karotte: the command timed out after {timeout:g} s and was killed]\n"
-    elif result.signal is not None:
-        text += f"\n[karotte: the command was killed by signal {result.signal}]\n"
-    if result.oom_killed:
-        text += "[karotte: the memory limit was reached]\n"
-    return text
-
-
-def _tarball(files: Mapping[str, bytes | str | File]) -> bytes:
-    """The workspace files (checked by check_files) as a tar archive for UNTAR."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path, content in files.items():
-            f = content if isinstance(content, File) else File(content)
-            data = f.data()
-            info = tarfile.TarInfo(path)
-            info.size, info.mode, info.mtime = len(data), f.mode, int(time.time())
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def bash_argv(command: str) -> list[str]:
-    """The agent's bash tool: one command run in the persistent shell state."""
-    return ["/bin/bash", "--noprofile", "--norc", "-c", SHELL, "bash", command]
-
-
 _imported: set[str] = set()  # images this process has imported into the store
 _import_lock = threading.Lock()
 
@@ -147,6 +73,26 @@ def _seed(seed: object) -> int:
     return int(seed)
 
 
+def _headers(headers: object, env: Environment) -> dict[str, dict[str, str]]:
+    """Episode(upstream_headers=...) checked: upstream name -> header -> value, for
+    upstreams that the environment's network or grader_network declares."""
+    if headers is None:
+        return {}
+    if not (isinstance(headers, Mapping) and all(
+            isinstance(h, Mapping) and all(isinstance(k, str) and isinstance(v, str)
+                                           for k, v in h.items()) for h in headers.values())):
+        raise TypeError("upstream_headers maps an upstream's name to {header: value}, such "
+                        "as {'model': {'Authorization': 'Bearer ...'}}")
+    declared = {name for network in (env.network, env.grader_network) if network is not None
+                for name in network.upstreams}
+    unknown = sorted(set(headers) - declared)
+    if unknown:
+        raise ValueError(f"upstream_headers names the upstreams {unknown}, which neither "
+                         f"{type(env).__qualname__}.network nor .grader_network declares "
+                         f"({sorted(declared)})")
+    return {name: dict(h) for name, h in headers.items()}
+
+
 def _environment(env: object) -> Environment:
     if isinstance(env, str):
         try:
@@ -158,24 +104,20 @@ def _environment(env: object) -> Environment:
     return check_environment(env)
 
 
-@dataclass(frozen=True)
-class _Call:
-    """A tool call that may run: what to run, and whether the wall budget cut its time."""
-
-    tool: str
-    argument: str
-    argv: list[str]
-    stdin: bytes | str
-    timeout: float
-    cut_by_budget: bool
-
-
 class _Flow:
     """The episode's state and its decisions, shared by the sync and async faces."""
 
     def __init__(self, env: Environment | str, seed: int, scan_limits: ScanLimits | None,
-                 key: bytes | str | None, max_turns: int, max_seconds: float | None):
+                 key: bytes | str | None, max_turns: int, max_seconds: float | None,
+                 upstream_headers: Mapping[str, Mapping[str, str]] | None):
         self.env = _environment(env)
+        # The credentials stay here, in the trainer: in the proxy's policy, never in a
+        # sandbox, never in a record. The grader's are checked now, used at grading.
+        self.headers = _headers(upstream_headers, self.env)
+        name = type(self.env).__qualname__
+        self.network = phase_policy(self.env.network, self.headers, f"{name}.network")
+        phase_policy(self.env.grader_network, self.headers, f"{name}.grader_network")
+        self.egress_of: Callable[[], EgressRecord | None] = lambda: None
         self.seed = _seed(seed)  # the trainer's; the environment only ever sees env_seed
         self.env_seed = env_seed(self.env, self.seed, key)
         self.name = env_name(self.env)
@@ -202,9 +144,13 @@ class _Flow:
 
     def agent_spec(self) -> SandboxSpec:
         """The environment's limits on its image, with its own package hidden from the host's
-        userland (karotte/userland.py). Its image is imported here if need be."""
+        userland (karotte/userland.py). Its image is imported here if need be, and the
+        host must be able to keep the agent's diff of it (check_changes_home)."""
+        if self.on_image:
+            check_changes_home()
         import_once(self.env.image)
-        return hide_package(agent_spec(self.env), type(self.env).__module__)
+        return hide_package(replace(agent_spec(self.env), network=self.network),
+                            type(self.env).__module__)
 
     @property
     def on_image(self) -> bool:
@@ -240,7 +186,7 @@ class _Flow:
                             f"{type(prompt).__name__}")
         files = check_files(env.workspace_files(seed), "workspace_files", allow_file=True)
         check_files(env.hidden_files(seed), "hidden_files", allow_file=False)
-        return prompt, (UNTAR, _tarball(files)) if files else None
+        return prompt, (UNTAR, tarball(files)) if files else None
 
     @staticmethod
     def placed(result: ExecResult) -> None:
@@ -267,7 +213,7 @@ class _Flow:
     # -- tool calls
 
     def call(self, tool: str, argument: object, stdin: object = b"",
-             timeout: object = None) -> _Call | ToolResult:
+             timeout: object = None) -> ToolCall | ToolResult:
         """The tool call to run, or the ToolResult that says why it is not run: an argument
         no process can take (a NUL byte, over the kernel's 128 KiB for one argument, text
         that is not valid), or the budget used up. A model's output must never raise into
@@ -285,22 +231,10 @@ class _Flow:
         left = self.deadline - time.monotonic()
         if self.turns > self.max_turns or left <= 0:
             return self.refuse(tool, argument, self.budget_note(), end=True)
-        try:
-            size = len(argument.encode("utf-8", "surrogateescape"))
-        except UnicodeEncodeError:
-            return self.refuse(tool, argument, f"the {what} is not valid text (it has a lone "
-                                               "surrogate); nothing was run")
-        if "\0" in argument:
-            why = f"the {what} contains a NUL byte, which no program can take as an argument"
-        elif size > MAX_ARGUMENT:
-            why = (f"the {what} is {size} bytes, over the limit of {MAX_ARGUMENT}; "
-                   "write long content to a file with write_file")
-        else:
-            argv = {"bash": bash_argv(argument),
-                    "read_file": ["cat", "--", argument],
-                    "write_file": ["/bin/sh", "-c", 'cat > "$1"', "sh", argument]}[tool]
-            return _Call(tool, argument, argv, stdin, min(wanted, left), left < wanted)
-        return self.refuse(tool, argument, f"{why}; nothing was run")
+        argv = tool_argv(tool, argument)
+        if isinstance(argv, str):
+            return self.refuse(tool, argument, argv)
+        return ToolCall(tool, argument, argv, stdin, min(wanted, left), left < wanted)
 
     def _timeout(self, timeout: object) -> float:
         """The command's time limit: the trainer's timeout, cut to the environment's
@@ -330,18 +264,20 @@ class _Flow:
                               None, False, False, 0.0)
         return ToolResult(f"error: {why}", None, False, False, 0.0)
 
-    def record(self, call: _Call, result: ExecResult, limit: int) -> ToolResult:
+    def record(self, call: ToolCall, result: ExecResult, limit: int) -> ToolResult:
         truncated = result.stdout_truncated or result.stderr_truncated
         self.t_agent += result.wall_seconds
+        egress = result.egress
         self.log.append(ExecRecord(call.tool, capped(call.argument, ARGUMENT_LOG_LIMIT),
                                    result.exit_code, result.timed_out, truncated,
-                                   result.wall_seconds))
-        text = _render(result, limit, call.timeout)
+                                   result.wall_seconds, egress.total if egress else 0,
+                                   len(egress.refused) if egress else 0))
+        text = render(result, limit, call.timeout)
         if result.timed_out and call.cut_by_budget:
             self.outcome(None, "budget_exhausted")
             text += f"[karotte: {self.budget_note()}; the episode is over]\n"
         return ToolResult(text, result.exit_code, result.timed_out, truncated,
-                          result.wall_seconds)
+                          result.wall_seconds, egress)
 
     def give_up(self) -> Outcome:
         self.log.append(ExecRecord("give_up", "", None, False, False, 0.0))
@@ -364,6 +300,7 @@ class _Flow:
                           custody.scan_seconds if custody else 0.0, grade_seconds,
                           time.monotonic() - self.t_start)
         details, dropped = bounded_details(report.details) if report else ({}, 0)
+        egress = self.egress_of()
         self.running = False
         self.finished = Outcome(
             self.name, self.seed, bottom if reward is None else reward, reason,
@@ -371,7 +308,10 @@ class _Flow:
             custody.violations_dropped if custody else 0,
             None if infra_error is None else capped(infra_error, INFRA_ERROR_LIMIT),
             timings, tuple(self.log), details, dropped,
-            capped(report.log, GRADER_LOG_RECORD_LIMIT) if report else "")
+            capped(report.log, GRADER_LOG_RECORD_LIMIT) if report else "",
+            custody.changed_paths if custody else 0, custody.deleted_paths if custody else 0,
+            egress.bounded(EPISODE_REACHES) if egress is not None else None,
+            report.egress if report else None)
         return self.finished
 
     def judge(self, custody: Custody) -> Outcome | None:
@@ -396,11 +336,12 @@ class _Flow:
         return self.outcome(report.reward, "graded", custody, report, grade_seconds=seconds)
 
     def finish(self, kill_all: Callable[[], None], workspace_fd: int,
-               close: Callable[[], None]) -> Outcome:
-        """Custody, then grading; blocking (the async face runs it in a worker thread)."""
+               close: Callable[[], None], upper_fd: int | None = None) -> Outcome:
+        """Custody, then grading; blocking (the async face runs it in a worker thread).
+        upper_fd: on an image, the overlay's upper (the agent's diff of the image)."""
         try:
             custody = take_custody(kill_all, workspace_fd, self.scan_limits,
-                                   self.env.deliverables)
+                                   self.env.deliverables, upper_fd)
         except (KarotteError, OSError) as exc:
             close()
             return self.outcome(None, "infra_error", infra_error=f"custody failed: {exc}")
@@ -411,7 +352,8 @@ class _Flow:
                 return decided
             t = time.monotonic()
             try:
-                report = run_grader(self.env, self.env_seed, custody.submission)
+                report = run_grader(self.env, self.env_seed, custody.submission,
+                                    custody.for_grader(), self.headers)
             except (KarotteError, OSError) as exc:
                 return self.outcome(None, "infra_error", custody,
                                     infra_error=f"grading failed: {exc}",
@@ -462,15 +404,20 @@ class Episode(_Facts[Sandbox]):
 
     def __init__(self, env: Environment | str, seed: int = 0, *,
                  scan_limits: ScanLimits | None = None, key: bytes | str | None = None,
-                 max_turns: int = DEFAULT_MAX_TURNS, max_seconds: float | None = None):
+                 max_turns: int = DEFAULT_MAX_TURNS, max_seconds: float | None = None,
+                 upstream_headers: Mapping[str, Mapping[str, str]] | None = None):
         """env: an Environment instance, or its 'module:Name'. key: the secret that turns
         seed into the environment's seed (karotte/seeding.py); None takes the host's
         (KAROTTE_KEY, else its key file). The budget: max_turns, the most tool calls
         (bash, read_file, write_file) the agent gets; max_seconds, the most wall time from
         the end of reset() to finish() (None: no limit). A call past either is not run:
         the model is told, and the episode ends with the bottom reward and the reason
-        "budget_exhausted"."""
-        self._flow = _Flow(env, seed, scan_limits, key, max_turns, max_seconds)
+        "budget_exhausted". upstream_headers: the credentials of the upstreams that the
+        environment's network and grader_network declare, by upstream name ({'model':
+        {'Authorization': 'Bearer ...'}}), over those its headers_from_env takes from
+        this process's environment; added by the host-side proxy, never in a sandbox."""
+        self._flow = _Flow(env, seed, scan_limits, key, max_turns, max_seconds,
+                           upstream_headers)
         self._sandbox: Sandbox | None = None
 
     def reset(self) -> str:
@@ -481,6 +428,7 @@ class Episode(_Facts[Sandbox]):
         t = time.monotonic()
         prompt, setup = flow.prepare()
         self._sandbox = Sandbox(flow.agent_spec())
+        flow.egress_of = self._sandbox.egress_record  # readable after its close too
         try:
             if flow.on_image:
                 flow.tools_there(self._sandbox.exec(IMAGE_TOOLS))
@@ -537,7 +485,7 @@ class Episode(_Facts[Sandbox]):
         if late is not None:
             self.close()
             return late
-        return flow.finish(sb.kill_all, sb.workspace_fd, self.close)
+        return flow.finish(sb.kill_all, sb.workspace_fd, self.close, sb.upper_fd)
 
     def close(self) -> None:
         sb = self._let_go()
@@ -560,13 +508,15 @@ class AsyncEpisode(_Facts[AsyncSandbox]):
     def __init__(self, env: Environment | str, seed: int = 0, *,
                  scan_limits: ScanLimits | None = None, key: bytes | str | None = None,
                  max_turns: int = DEFAULT_MAX_TURNS, max_seconds: float | None = None,
-                 limiter: Limiter | None = None):
+                 limiter: Limiter | None = None,
+                 upstream_headers: Mapping[str, Mapping[str, str]] | None = None):
         """As Episode. limiter: a Limiter shared with the episodes it bounds; None takes
         the default one (set_concurrency's) as it is at reset()."""
         if limiter is not None and not isinstance(limiter, Limiter):
             raise TypeError(f"limiter must be a karotte.limiter.Limiter (Limiter(n): n "
                             f"episodes at once), got {type(limiter).__name__}")
-        self._flow = _Flow(env, seed, scan_limits, key, max_turns, max_seconds)
+        self._flow = _Flow(env, seed, scan_limits, key, max_turns, max_seconds,
+                           upstream_headers)
         self._limiter = limiter
         self._sandbox: AsyncSandbox | None = None
         self._slots: Slots | None = None  # held from reset() to close()
@@ -587,6 +537,7 @@ class AsyncEpisode(_Facts[AsyncSandbox]):
             # On an image, in a thread: its first use in this process imports it.
             spec = await self._in_thread(flow.agent_spec) if flow.on_image else flow.agent_spec()
             self._sandbox = await AsyncSandbox(spec).start()
+            flow.egress_of = self._sandbox.egress_record
             if flow.on_image:
                 flow.tools_there(await self._sandbox.exec(IMAGE_TOOLS))
             if setup:
@@ -631,7 +582,7 @@ class AsyncEpisode(_Facts[AsyncSandbox]):
             return flow.finished
         sb = self._live()
         outcome = flow.out_of_time() or await self._in_thread(
-            flow.finish, sb.kill_all_blocking, sb.workspace_fd, sb.close_blocking)
+            flow.finish, sb.kill_all_blocking, sb.workspace_fd, sb.close_blocking, sb.upper_fd)
         await self.close()
         return outcome
 

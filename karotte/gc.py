@@ -1,7 +1,8 @@
 """Cleaning up after a crash: what processes that are gone left on this host, and removing it.
 
 A process that holds sandboxes and dies without running its exit handlers (SIGKILL, a
-crash) leaves its cgroups and private directories behind (karotte/lifecycle.py). Each is
+crash) leaves its cgroups and private directories behind (karotte/lifecycle.py), and, in the ip
+mode, the nftables table of each sandbox (and a veth whose namespace is still held). Each is
 named after its creator (karotte/names.py), so find() lists only those whose creator is
 gone, never a live process's. Creators are judged in this PID namespace: run this in the
 one of the processes that create sandboxes. `karotte-sandbox gc` is this on the command
@@ -19,18 +20,21 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from . import cgroups, hostdirs, names
+from .egress import ip
 from .errors import KarotteError
 
-CGROUP, DIRECTORY = "cgroup", "directory"
+CGROUP, DIRECTORY, NETWORK = "cgroup", "directory", "network"
 
 
 @dataclass(frozen=True)
 class Leftover:
     """One thing a process that is gone left behind."""
 
-    kind: str  # CGROUP (and what still runs in it) or DIRECTORY (in hostdirs.runtime_dir())
+    kind: str  # CGROUP (and what still runs in it), DIRECTORY (in hostdirs.runtime_dir()),
+    # or NETWORK (an ip-mode sandbox's nftables table and veth, karotte/egress/ip.py)
     name: str  # its leaf name, karotte-<pid>.<starttime>-<seq>[-tag]
-    paths: tuple[str, ...]  # a cgroup: its directory in each hierarchy (v1), removed together
+    paths: tuple[str, ...]  # a cgroup: its directory in each hierarchy (v1), removed together;
+    # NETWORK: "nft table inet NAME" and "interface kip<SLOT>"
     creator: int  # the pid of the process that made it
     why: str  # why it is stale, for people
 
@@ -47,13 +51,14 @@ class Removal:
 def find() -> list[Leftover]:
     """Everything processes that are gone left here, in removal order: cgroups first, those
     that can freeze their tasks ahead (so a fork bomb stops before the other hierarchies
-    are emptied), then private directories."""
+    are emptied), then private directories, then ip-mode tables and veths."""
     cgroup_dirs: dict[str, list[str]] = {}
     for path in cgroups.find_stale():
         cgroup_dirs.setdefault(os.path.basename(path), []).append(path)
     found = [_leftover(CGROUP, name, paths) for name, paths in cgroup_dirs.items()]
     found += [_leftover(DIRECTORY, os.path.basename(path), [path])
               for path in hostdirs.find_stale()]
+    found += [_leftover(NETWORK, name, list(items)) for name, items in ip.find_stale()]
     return found
 
 
@@ -78,9 +83,10 @@ def _leftover(kind: str, name: str, paths: list[str]) -> Leftover:
 
 
 def _check(leftover: Leftover) -> None:
-    if leftover.kind not in (CGROUP, DIRECTORY):
+    if leftover.kind not in (CGROUP, DIRECTORY, NETWORK):
         raise ValueError(f"not a kind of leftover: {leftover.kind!r}")
-    if not leftover.paths or any(os.path.basename(p) != leftover.name for p in leftover.paths):
+    if not leftover.paths or (leftover.kind != NETWORK and any(
+            os.path.basename(p) != leftover.name for p in leftover.paths)):
         raise ValueError(f"the paths of {leftover.name} are not named after it: "
                          f"{list(leftover.paths)}")
     if names.creator_alive(leftover.name):
@@ -92,8 +98,11 @@ def _check(leftover: Leftover) -> None:
 def _remove(leftover: Leftover) -> Removal:
     remove_one = cgroups.remove_stale if leftover.kind == CGROUP else shutil.rmtree
     try:
-        for path in leftover.paths:
-            remove_one(path)
+        if leftover.kind == NETWORK:
+            ip.remove_stale(leftover.name, leftover.paths)
+        else:
+            for path in leftover.paths:
+                remove_one(path)
     except (KarotteError, OSError) as exc:
         return Removal(leftover, False, exc)
     return Removal(leftover, True)

@@ -1,8 +1,10 @@
 """The grading process: loads the environment, calls grade(ctx), reports over fd 3.
 
 karotte/grading.py starts it in a fresh sandbox as ``python3 -I -S -B -c BOOT TARGET
-SEED`` (on an image, its python3 without -S), with fd 3 a private SOCK_SEQPACKET channel to the host. The reward goes back over
-that channel, which nothing but this process holds; stdout and stderr are logs only.
+SEED [CHANGES]`` (on an image, its python3 without -S; CHANGES, where the agent's image
+diff is, when there is one), with fd 3 a private SOCK_SEQPACKET channel to the host. The
+reward goes back over that channel, which nothing but this process holds; stdout and
+stderr are logs only.
 The preflight imports the environment the same way and prints what failed.
 
 Standard library only, Python 3.9 and newer: this runs under the host's system Python
@@ -16,6 +18,7 @@ import os
 import socket
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 from .environment import Grade, load
@@ -47,12 +50,13 @@ def preflight() -> None:
 
 
 def main() -> None:
-    """python3 -I [-S] -c '...main()' TARGET SEED: grade, and report over fd 3."""
+    """python3 -I [-S] -c '...main()' TARGET SEED [CHANGES]: grade, and report over fd 3."""
     target, seed = sys.argv[1], int(sys.argv[2])
+    changes = Path(sys.argv[3]) if len(sys.argv) > 3 else None
     channel = socket.socket(fileno=CHANNEL_FD)
     os.set_inheritable(CHANNEL_FD, False)
     try:
-        result = load(target)().grade(GradeContext(seed, channel))
+        result = load(target)().grade(GradeContext(seed, channel, changes))
         if isinstance(result, Grade):
             reward, details = result.reward, dict(result.details)
         else:

@@ -1,8 +1,9 @@
 """What grade(ctx) sees: GradeContext, the records of its runs, the channel's framing.
 
 The grading process (karotte/grader_main.py) runs in a fresh sandbox with this module,
-the environment's code, /hidden and /submission (the vetted copy of the agent's
-deliverables), all read-only, and fd 3: a private SOCK_SEQPACKET channel to the host.
+the environment's code, /hidden, /submission (the vetted copy of the agent's workspace)
+and, on an image, /changes (the vetted diff of the agent's root), all read-only, and
+fd 3: a private SOCK_SEQPACKET channel to the host.
 Programs the agent wrote never run in that process: ctx.run() asks the host to run them
 in a sandbox of their own, nested under the grader's cgroup, and the host measures them
 from outside.
@@ -13,18 +14,20 @@ with nothing installed, or under a grader image's python3.
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import math
 import os
 import posixpath
 import re
 import socket
+import stat
 import statistics
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Sequence
 
-from .results import ExecResult
+from .results import EgressRecord, ExecResult
 from .spec import MiB
 
 REPLY_SLACK = 256 * 1024  # a run reply's JSON and base64 around its output
@@ -37,6 +40,7 @@ REQUEST_LIMIT = 64 * 1024 * 1024  # at most this much in one request or report
 MORE, LAST = b"+", b"."
 SUBMISSION = Path("/submission")
 HIDDEN = Path("/hidden")
+CHANGES = Path("/changes")
 
 
 class GraderError(Exception):
@@ -167,6 +171,7 @@ def encode_result(result: ExecResult) -> dict:
     out = {f.name: getattr(result, f.name) for f in fields(ExecResult)}
     out["stdout"] = base64.b64encode(result.stdout).decode()
     out["stderr"] = base64.b64encode(result.stderr).decode()
+    out["egress"] = result.egress.to_dict() if result.egress is not None else None
     return out
 
 
@@ -200,27 +205,80 @@ def decode_result(obj: dict) -> ExecResult:
     values = {f.name: obj[f.name] for f in fields(ExecResult)}
     values["stdout"] = base64.b64decode(obj["stdout"])
     values["stderr"] = base64.b64decode(obj["stderr"])
+    if values["egress"] is not None:
+        values["egress"] = EgressRecord.from_dict(values["egress"])
     return ExecResult(**values)
 
 
 class GradeContext:
-    """What grade(ctx) gets."""
+    """What grade(ctx) gets.
 
-    def __init__(self, seed: int, channel: socket.socket):
+    seed: the environment's seed of the episode. submission: the vetted copy of the
+    agent's /workspace. hidden: the environment's hidden files. changes: on an image, the
+    vetted diff of the agent's root, a tree of the files and directories it made or
+    changed outside /workspace at their absolute paths (/changes/etc/nginx/nginx.conf),
+    with deleted, the paths of the image it deleted, and replaced, the directories it
+    replaced whole; None on the host's userland. What is not there is the image's own.
+    The diff is data here: the grader's own root is its image as it was (no .pth or
+    program of the agent's runs in the grader); ctx.run runs on the image with the diff.
+    """
+
+    def __init__(self, seed: int, channel: socket.socket, changes: Path | None = None):
         self.seed = seed
         self.submission = SUBMISSION
         self.hidden = HIDDEN
+        self.changes = changes
         self._channel = channel
+        self._lists: dict | None = None
+
+    @property
+    def deleted(self) -> tuple[str, ...]:
+        """The absolute paths of the agent's image that it deleted (() on the host's
+        userland), as custody's records name paths (karotte/results.py's escape)."""
+        return tuple(self._changes_lists()["deleted"])
+
+    @property
+    def replaced(self) -> tuple[str, ...]:
+        """The directories of the image that the agent removed and made again: nothing of
+        the image's is below them, only what ctx.changes holds."""
+        return tuple(self._changes_lists()["replaced"])
+
+    def _changes_lists(self) -> dict:
+        if self.changes is None:
+            return {"deleted": [], "replaced": []}
+        if self._lists is None:  # asked for once: the lists can be long
+            self._lists = self._call({"op": "changes"}, reply_limit=REQUEST_LIMIT)
+        return self._lists
 
     def read_deliverable(self, path: str, limit: int = 1 * MiB) -> bytes | None:
-        """The vetted bytes of a deliverable, or None if the agent did not make it.
+        """The vetted bytes of a deliverable, or None if the agent did not make it. A
+        relative path is under /workspace; an absolute one (on an image) is the agent's
+        diff: the file as the agent left it, or None if it did not change or make it (a
+        symlink there, or on the way, is not a file it made: None, never followed).
         At most `limit` bytes (more raises GraderError: the answer is oversized)."""
-        target = self.submission / path
+        if path.startswith("/"):
+            if self.changes is None:
+                raise GraderError(f"{path} is absolute: that is a path of the agent's image "
+                                  "diff, and this episode ran on the host's userland")
+            _check_path(path, "an absolute deliverable", absolute=True)
+            target = self.changes / path[1:]
+            try:
+                if stat.S_ISCHR(os.lstat(target).st_mode):  # a whiteout: the agent deleted it
+                    return None
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+        else:
+            target = self.submission / path
         try:
-            with open(target, "rb") as f:
+            # O_NOFOLLOW, and /changes is nosymfollow for every component on the way
+            with open(os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
                 data = f.read(limit + 1)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a symlink: not a file the agent made
+                return None
+            raise
         if len(data) > limit:
             raise GraderError(f"{path} is larger than {limit} bytes")
         return data
@@ -229,9 +287,16 @@ class GradeContext:
             files: Mapping[str, bytes | str] | None = None, env: Mapping[str, str] | None = None,
             cwd: str = WORKSPACE, allow_env: Collection[str] = (), timeout: float = 10.0,
             memory: int = 256 * MiB, pids: int = 64, cpus: float = 1.0,
-            output_limit: int = 1 * MiB, private_userland: bool = False) -> ExecResult:
+            output_limit: int = 1 * MiB, changes: bool = True,
+            private_userland: bool = False) -> ExecResult:
         """Run the agent's program in a fresh sandbox nested under this grader's cgroup,
         with the submission read-only at /workspace. Timed and measured by the host.
+
+        On an image the run's root is the agent's image with its vetted diff (changes):
+        what the agent installed is there, what it deleted is gone, and every program of
+        the image may be one the agent wrote, if it could write there (a root agent).
+        changes=False runs on the image as it was, with the submission alone: for the
+        grader's own tools (ctx.git does), which the agent must not have replaced.
 
         files: relative path -> content, placed read-only at /tests (RUN_FILES) in this
         run's sandbox alone, and gone after it: a hidden test runner, its inputs. The
@@ -257,7 +322,7 @@ class GradeContext:
                             "files": {path: base64.b64encode(data).decode()
                                       for path, data in placed.items()},
                             "env": env, "cwd": cwd, "allow_env": sorted(allow_env),
-                            "private_userland": private_userland},
+                            "changes": bool(changes), "private_userland": private_userland},
                            reply_limit=3 * output_limit + REPLY_SLACK)
         return decode_result(reply["result"])
 
@@ -297,8 +362,11 @@ class GradeContext:
                "GIT_ATTR_NOSYSTEM": "1", "GIT_NO_REPLACE_OBJECTS": "1",
                "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "GIT_PAGER": "cat"}
         # Karotte's own values, pointing at the grader's copy of the state, never the agent's
+        # On the image as it was (changes=False): a root agent may have put a git of its
+        # own at /usr/bin/git, which would tell whatever history it likes.
         return self.run(["/usr/bin/git", *args], files=files, cwd=worktree, timeout=timeout,
-                        memory=memory, output_limit=output_limit, env=env, allow_env=list(env))
+                        memory=memory, output_limit=output_limit, env=env, allow_env=list(env),
+                        changes=False)
 
     def compare_speed(self, candidate: Sequence[str], baseline: Sequence[str],
                       inputs: Sequence[bytes], *, expected: Sequence[bytes | str] | None = None,

@@ -2,9 +2,13 @@
 
 The grading sandbox shares no namespace with the agent's (that one is gone by now). It
 sees, read-only: the grader's code (a private copy of the environment's package and of
-Karotte's grader runtime) at /opt/karotte-lib, the hidden files at /hidden and the vetted
-copy of the deliverables at /submission. The grader reports over fd 3, a socket that
-only its own process holds; its stdout and stderr are logs, never the verdict.
+Karotte's grader runtime) at /opt/karotte-lib, the hidden files at /hidden, the vetted
+copy of the workspace at /submission and, on an image, the vetted diff of the agent's
+root at /changes: data to read, never part of the grader's own root (a .pth file the
+agent put in the image's site-packages would run in the grader), bound nosymfollow (a
+symlink of the agent's would resolve in the grader's root, where /hidden is). The grader reports
+over fd 3, a socket that only its own process holds; its stdout and stderr are logs,
+never the verdict.
 
 All of it sits under one cgroup P that holds no process itself: the grader's sandbox and
 every run of the agent's program are children of P, so P's limits bound them together,
@@ -27,11 +31,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import cgroups, hostdirs, private_tree
-from .environment import Environment, grader_image_of, grader_spec, target_of
+from .egress.policy import EgressConfigError, EgressPolicy, parse_policy
+from .environment import Environment, Network, grader_image_of, grader_spec, target_of
 from .errors import KarotteError
-from .grader_runtime import (REQUEST_LIMIT, RUN_FILES, RUN_OUTPUT_LIMIT, WORKSPACE, GraderError,
-                             check_run, encode_result, recv_message, send_message)
-from .results import ExecResult
+from .grader_runtime import (CHANGES, REQUEST_LIMIT, RUN_FILES, RUN_OUTPUT_LIMIT, WORKSPACE,
+                             GraderError, check_run, encode_result, recv_message, send_message)
+from .results import EgressRecord, ExecResult
 from .sandbox import Sandbox
 from .userns import sandbox_owner
 from .spec import Bind, SandboxSpec
@@ -83,6 +88,20 @@ class GradeReport:
     log: str = ""  # the grader's stderr and stdout, capped
     infra_error: str | None = None
     runs: int = 0  # programs the grader ran through ctx.run
+    # with Environment.grader_network: what those runs reached, in order (joined_egress)
+    egress: EgressRecord | None = None
+
+
+@dataclass(frozen=True)
+class Changes:
+    """The vetted diff of the agent's image (karotte/custody.py): the directory that holds
+    it (SandboxSpec.changes of each ctx.run, /changes of the grader) and the absolute paths
+    of the image that the agent deleted, or replaced whole (a directory it removed and
+    made again: nothing of the image's is below it)."""
+
+    tree: str
+    deleted: tuple[str, ...] = ()
+    replaced: tuple[str, ...] = ()
 
 
 def private_dir(tag: str) -> str:
@@ -295,10 +314,57 @@ def _version(version: tuple[int, ...]) -> str:
     return ".".join(map(str, version))
 
 
-def run_grader(env: Environment, seed: int, submission: str) -> GradeReport:
-    """Grade the vetted submission directory in a fresh sandbox. Never raises for what
-    the submission does; raises KarotteError only if the host itself fails, and
-    GraderPreflightError if the grader cannot import the environment (preflight)."""
+def phase_policy(network: Network | None,
+                 headers: Mapping[str, Mapping[str, str]] | None, what: str
+                 ) -> EgressPolicy | str:
+    """A phase's declared Network as the network of its sandboxes: "none" for None, else
+    the EgressPolicy with each upstream's headers from the trainer's side, the variables
+    of this process that headers_from_env names, then `headers` (upstream -> header ->
+    value) over them. `what` names the declaration in errors (MyEnv.network)."""
+    if network is None:
+        return "none"
+    upstreams = {}
+    for name, url in network.upstreams.items():
+        found = {}
+        for header, var in network.headers_from_env.get(name, {}).items():
+            if var not in os.environ:
+                raise EgressConfigError(
+                    f"{what}: the upstream {name!r} takes its {header} header from the "
+                    f"variable {var}, which this process's environment does not have: set "
+                    f"it (export {var}=...) or pass Episode(upstream_headers={{{name!r}: "
+                    f"{{{header!r}: ...}}}})")
+            found[header] = os.environ[var]
+        found.update((headers or {}).get(name, {}))
+        upstreams[name] = {"url": url, "headers": found}
+    try:
+        return parse_policy(network.allow, upstreams)
+    except EgressConfigError as exc:
+        raise EgressConfigError(f"{what}: {exc}") from None
+
+
+RUN_REACHES = 200  # of the reaches of all of a grading's ctx.run a GradeReport holds
+
+
+def joined_egress(records: list[EgressRecord]) -> EgressRecord | None:
+    """The records of the grader's runs as one, in order, at most RUN_REACHES held."""
+    if not records:
+        return None
+    reaches = tuple(r for record in records for r in record.reaches)
+    return EgressRecord(reaches[:RUN_REACHES], sum(record.dropped for record in records)
+                        + max(0, len(reaches) - RUN_REACHES))
+
+
+def run_grader(env: Environment, seed: int, submission: str,
+               changes: Changes | None = None,
+               upstream_headers: Mapping[str, Mapping[str, str]] | None = None
+               ) -> GradeReport:
+    """Grade the vetted submission directory (and, on an image, the vetted diff) in a
+    fresh sandbox. Never raises for what the submission does; raises KarotteError only if
+    the host itself fails, and GraderPreflightError if the grader cannot import the
+    environment (preflight). The grader's ctx.run get env.grader_network, with
+    upstream_headers for its upstreams (phase_policy)."""
+    network = phase_policy(env.grader_network, upstream_headers,
+                           f"{type(env).__qualname__}.grader_network")
     grader = preflight(env)
     target = target_of(env)
     limits = grader_spec(env)
@@ -310,8 +376,8 @@ def run_grader(env: Environment, seed: int, submission: str) -> GradeReport:
             cgroups.leaf_name("grade"),
             cgroups.CgroupLimits(memory=limits.memory, pids=limits.pids, cpus=limits.cpus))
         try:
-            return _grade_in(parent, limits, grader, lib, hidden, submission, target, seed,
-                             env.image)
+            return _grade_in(parent, limits, grader, lib, hidden, submission, changes,
+                             target, seed, env.image, network)
         finally:
             parent.destroy()
     finally:
@@ -319,20 +385,26 @@ def run_grader(env: Environment, seed: int, submission: str) -> GradeReport:
 
 
 def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, grader: GraderPython, lib: str,
-              hidden: str, submission: str, target: str, seed: int,
-              agent_image: str) -> GradeReport:
-    spec = hide_package(replace(limits, binds=limits.binds + (
-        Bind(lib, LIB_MOUNT), Bind(hidden, "/hidden"), Bind(submission, "/submission"))), target)
+              hidden: str, submission: str, changes: Changes | None, target: str, seed: int,
+              agent_image: str, network: EgressPolicy | str) -> GradeReport:
+    binds = (Bind(lib, LIB_MOUNT), Bind(hidden, "/hidden"), Bind(submission, "/submission"))
+    if changes is not None:
+        # nosymfollow: a symlink of the agent's diff (/etc/x -> /hidden/expected.txt) would
+        # resolve in this root, which holds /hidden; here no path through /changes follows
+        # one (readlink shows it). In ctx.run's sandboxes it resolves in their own root.
+        binds += (Bind(changes.tree, str(CHANGES), follow_symlinks=False),)
+    spec = hide_package(replace(limits, binds=limits.binds + binds), target)
     deadline = time.monotonic() + limits.timeout
     host_end, grader_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     outcome: dict[str, Any] = {}
+    reached: list[EgressRecord] = []  # of the grader's ctx.run, in order
     try:
         with Sandbox(spec, cgroup_parent=parent) as sandbox:
             def grade() -> None:
                 try:
                     outcome["exec"] = sandbox.exec(
                         [grader.path, *grader_flags(grader.image), "-c", BOOT, target,
-                         str(seed)],
+                         str(seed), *([str(CHANGES)] if changes is not None else [])],
                         timeout=limits.timeout, pass_fds=[grader_end.fileno()])
                 except BaseException as exc:  # reported as an infrastructure failure
                     outcome["exec_error"] = exc
@@ -341,7 +413,8 @@ def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, grader: GraderPython,
 
             worker = threading.Thread(target=grade, name="karotte-grader", daemon=True)
             worker.start()
-            final, runs = _serve(host_end, parent, submission, target, agent_image, deadline)
+            final, runs = _serve(host_end, parent, submission, changes, target, agent_image,
+                                 network, deadline, reached)
             # A grader still waiting on the channel (its reply could not be sent) sees
             # EOF now and ends, instead of hanging until its timeout.
             host_end.shutdown(socket.SHUT_RDWR)
@@ -352,12 +425,14 @@ def _grade_in(parent: cgroups.Cgroup, limits: SandboxSpec, grader: GraderPython,
             grader_end.close()
     if "exec_error" in outcome:
         raise KarotteError(f"the grading sandbox failed: {outcome['exec_error']}")
-    return _report(final, outcome["exec"], runs)
+    return replace(_report(final, outcome["exec"], runs), egress=joined_egress(reached))
 
 
-def _serve(channel: socket.socket, parent: cgroups.Cgroup, submission: str, target: str,
-           image: str, deadline: float) -> tuple[dict | None, int]:
-    """Answer the grader's requests until it reports (or its channel closes)."""
+def _serve(channel: socket.socket, parent: cgroups.Cgroup, submission: str,
+           changes: Changes | None, target: str, image: str, network: EgressPolicy | str,
+           deadline: float, reached: list[EgressRecord]) -> tuple[dict | None, int]:
+    """Answer the grader's requests (ctx.run, ctx.deleted) until it reports (or its
+    channel closes); each run's egress record goes to `reached`."""
     runs = 0
     while True:
         try:
@@ -367,28 +442,54 @@ def _serve(channel: socket.socket, parent: cgroups.Cgroup, submission: str, targ
             return None, runs
         except (GraderError, ValueError, KeyError, TypeError):
             return {"op": "invalid", "why": "malformed message on the grading channel"}, runs
-        if op != "run":
+        if op == "changes":
+            reply = _changes_reply(changes)
+        elif op == "run":
+            runs += 1
+            try:
+                result = _run_nested(request, parent, submission, changes, target, image,
+                                     network, deadline)
+                if result.egress is not None:
+                    reached.append(result.egress)
+                reply = json.dumps({"result": encode_result(result)}).encode()
+            except (KarotteError, GraderError, ValueError, TypeError, KeyError, OSError) as exc:
+                reply = json.dumps({"error": f"run failed: {exc}"}).encode()
+        else:
             return request, runs
-        runs += 1
         try:
-            reply = {"result": encode_result(_run_nested(request, parent, submission, target,
-                                                         image, deadline))}
-        except (KarotteError, GraderError, ValueError, TypeError, KeyError, OSError) as exc:
-            reply = {"error": f"run failed: {exc}"}
-        try:
-            send_message(channel, json.dumps(reply).encode())
+            send_message(channel, reply)
         except OSError:
             return None, runs
 
 
-def _run_nested(request: dict, parent: cgroups.Cgroup, submission: str, target: str,
-                image: str, deadline: float) -> ExecResult:
-    """One ctx.run: the agent's program in a fresh sandbox on the agent's image."""
+def _changes_reply(changes: Changes | None) -> bytes:
+    """ctx.deleted and ctx.replaced: the diff's lists, as long as the channel carries them."""
+    if changes is None:
+        why = ("the agent's sandbox ran on the host's userland: there is no diff of an image "
+               "(ctx.changes is None)")
+    else:
+        data = json.dumps({"deleted": changes.deleted, "replaced": changes.replaced}).encode()
+        if len(data) <= REQUEST_LIMIT:
+            return data
+        why = (f"the lists of deleted and replaced paths are {len(data)} bytes of JSON, over "
+               f"the channel's {REQUEST_LIMIT}")
+    return json.dumps({"error": why}).encode()
+
+
+def _run_nested(request: dict, parent: cgroups.Cgroup, submission: str,
+                changes: Changes | None, target: str, image: str, network: EgressPolicy | str,
+                deadline: float) -> ExecResult:
+    """One ctx.run: the agent's program in a fresh sandbox on the agent's image, with its
+    vetted diff unless the grader asked for the image as it was (changes=False), and the
+    grader's network (Environment.grader_network), whatever the request says."""
     left = deadline - time.monotonic()
     if left <= 0:
         raise ValueError("the grading time is used up")
     argv = [str(a) for a in request["argv"]]
     stdin = base64.b64decode(request["stdin"])
+    with_changes = request.get("changes", True)
+    if not isinstance(with_changes, bool):
+        raise GraderError("changes must be true or false")
     files, env = request.get("files", {}), request.get("env", {})
     allow_env = request.get("allow_env", [])
     if not (isinstance(files, dict) and isinstance(env, dict) and isinstance(allow_env, list)):
@@ -410,7 +511,8 @@ def _run_nested(request: dict, parent: cgroups.Cgroup, submission: str, target: 
         spec = SandboxSpec(memory=int(request["memory"]), pids=int(request["pids"]),
                            cpus=float(request["cpus"]),
                            timeout=min(float(request["timeout"]), left),
-                           output_limit=output_limit, binds=binds, image=image)
+                           output_limit=output_limit, binds=binds, image=image, network=network,
+                           changes=changes.tree if changes and with_changes else None)
         # private_userland: the program's userland is a copy made for this run alone
         # (LINK-CACHE-02, LINK-SIBLING-02); the copy lost the image config's Env: pass it on.
         with private_tree.userland(image, request.get("private_userland", False), parent,

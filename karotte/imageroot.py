@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from . import imageref, images
-from .errors import HostUnsupported
+from .errors import HostUnsupported, SandboxError
 from .seccomp import SYSCALL_NUMBERS
 from .spec import SandboxSpec
 
@@ -42,6 +42,7 @@ class ImageRoot:
     tree: str  # absolute host path of the read-only tree (the overlay's lower)
     env: Mapping[str, str] = field(default_factory=dict)  # the config's Env, before the caller's
     workdir: str | None = None  # the config's WorkingDir: the cwd when an exec names none
+    changes: str | None = None  # absolute host path of the vetted diff laid over the tree
 
 
 def resolve_root(spec: SandboxSpec, leases: contextlib.ExitStack) -> ImageRoot | None:
@@ -51,10 +52,11 @@ def resolve_root(spec: SandboxSpec, leases: contextlib.ExitStack) -> ImageRoot |
     ref = imageref.parse(spec.image)
     if ref.kind == "host":
         return None
+    changes = _changes(spec)
     if ref.kind != "dir":
         image = leases.enter_context(images.lease(ref))
         env = dict(entry.partition("=")[::2] for entry in image.config.env)
-        return ImageRoot(image.tree, env, image.config.working_dir)
+        return ImageRoot(image.tree, env, image.config.working_dir, changes)
     path = ref.path
     tree = os.path.realpath(path)
     if not os.path.isdir(tree):
@@ -64,15 +66,58 @@ def resolve_root(spec: SandboxSpec, leases: contextlib.ExitStack) -> ImageRoot |
     if tree == "/":
         raise ValueError(f"image {spec.image} resolves to /, the host's own root; name a "
                          f"tree of its own")
-    return ImageRoot(tree)
+    _check_owner(f"image {spec.image}", tree)
+    return ImageRoot(tree, changes=changes)
+
+
+def _changes(spec: SandboxSpec) -> str | None:
+    """The vetted diff's directory (spec.py has checked the form), resolved."""
+    if spec.changes is None:
+        return None
+    path = os.path.realpath(spec.changes)
+    if not os.path.isdir(path) or path == "/":
+        raise (FileNotFoundError if not os.path.lexists(spec.changes) else NotADirectoryError)(
+            f"changes {spec.changes} is not a directory; pass the dest_dir that "
+            f"karotte.changes.scan_changes filled, while it exists")
+    _check_owner(f"changes {spec.changes}", path)
+    return path
+
+
+def lower_fds(root: ImageRoot, userns_fd: int) -> list[int]:
+    """The overlay's lowers as init takes them from a root caller: the tree and then the
+    vetted diff, each idmapped onto the sandbox's user namespace (the same map: the diff
+    carries the ids the agent saw, as the tree carries the image's). Closed on failure."""
+    fds = [idmapped_tree(root.tree, userns_fd)]
+    try:
+        if root.changes is not None:
+            fds.append(idmapped_tree(root.changes, userns_fd))
+    except BaseException:
+        os.close(fds[0])
+        raise
+    return fds
+
+
+def _check_owner(what: str, tree: str) -> None:
+    """An unprivileged caller's sandbox maps only the caller's ids, and its root is the
+    caller: a tree of anyone else's would show nobody's files, and the first write (a copy-up
+    that must give the copy an owner the upper can hold) would fail. Refused up front."""
+    uid = os.geteuid()
+    owner = os.stat(tree).st_uid
+    if uid != 0 and owner != uid:
+        raise SandboxError(f"{what}: {tree} belongs to uid {owner}, and this "
+                           f"unprivileged caller (uid {uid}) maps only its own ids into the "
+                           f"sandbox: the tree must be the caller's own (chown -R), or run "
+                           f"Karotte as root, whose trees are idmapped")
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)  # once: a CDLL per call cost 7 us (docs/benchmarks.md)
 
 
 def _syscall(name: str, *args) -> int:
     nr = SYSCALL_NUMBERS[name].get(platform.machine())
     if nr is None:
         raise OSError(errno.ENOSYS, f"{name} has no number on {platform.machine()}")
-    libc = ctypes.CDLL(None, use_errno=True)
-    ret = libc.syscall(nr, *args)
+    ret = _LIBC.syscall(nr, *args)
     if ret < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))

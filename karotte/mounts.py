@@ -99,11 +99,12 @@ def _copy_public(src: str, dst: str) -> None:
 
 
 def add_mount_plan(msg: p.Message, spec: SandboxSpec, agent_uid: int, agent_gid: int,
-                   tree: str | None = None) -> None:
+                   tree: str | None = None, changes: str | None = None) -> None:
     """Append the mount plan to a CONFIG message. Owner ids are as seen by init. tree: the
-    image's tree (karotte/imageroot.py), or None for the host's userland."""
+    image's tree (karotte/imageroot.py), or None for the host's userland; changes: the
+    vetted diff laid over it, or None."""
     if tree is not None:
-        _add_image_plan(msg, spec, agent_uid, agent_gid, tree)
+        _add_image_plan(msg, spec, agent_uid, agent_gid, tree, changes)
         return
     for kind, path, target in _userland_ops():
         if kind == "symlink":
@@ -142,8 +143,9 @@ def _add_binds(msg: p.Message, spec: SandboxSpec, hidden: dict[str, str]) -> Non
         _check_bind(bind, spec.hostname, hidden)
         if not os.path.exists(bind.src):
             raise FileNotFoundError(f"bind source does not exist: {bind.src}")
-        msg.mount(p.M_BIND, bind.dst, os.path.realpath(bind.src),
-                  flags=0 if bind.writable else p.MF_RDONLY)
+        flags = (0 if bind.writable else p.MF_RDONLY) | (
+            0 if bind.follow_symlinks else p.MF_NOSYMFOLLOW)
+        msg.mount(p.M_BIND, bind.dst, os.path.realpath(bind.src), flags=flags)
 
 
 # On an image: /dev is a small tmpfs of its own, so the image's /dev (whatever nodes or
@@ -153,10 +155,14 @@ _DEV_TMPFS = {"size": 64 * 1024, "inodes": 64}
 
 
 def _add_image_plan(msg: p.Message, spec: SandboxSpec, agent_uid: int, agent_gid: int,
-                    tree: str) -> None:
-    """The plan on an image: the overlay root (its upper is spec.disk and spec.inodes),
-    then what every sandbox has (/dev, /proc, /tmp, /workspace, /home/agent) and nothing
-    of the host: no userland bind, no /etc, no /root (the image's own stay)."""
+                    tree: str, changes: str | None) -> None:
+    """The plan on an image: the overlay root (its upper is spec.disk and spec.inodes; the
+    vetted diff, if any, laid over the tree), then what every sandbox has (/dev, /proc,
+    /tmp, /workspace, /home/agent) and nothing of the host: no userland bind, no /etc, no
+    /root (the image's own stay). init makes the mount points of all that follows the
+    overlay in a layer of their own, above the tree: none of them is in the upper."""
+    if changes is not None:
+        msg.mount(p.M_LAYER, "/", changes)
     msg.mount(p.M_OVERLAY, "/", tree, size=spec.disk, inodes=spec.inodes)
     msg.mount(p.M_TMPFS, "/dev", "", mode=0o755, **_DEV_TMPFS)
     _add_devices(msg, spec)

@@ -10,6 +10,11 @@ csrc/init/net.c) and keeps no copy; the host's EgressProxy serves them with one 
 every request (docs/egress.md). The namespace still has no route out and no resolver, so
 the proxy is the only way out, and DNS carries nothing.
 
+With an EgressPolicy of mode "ip" (root only) the sandbox gets a veth instead, made before
+init's go: an address, a default route to the host, and nftables rules on the host that
+let out only the listed addresses and ports (karotte/egress/ip.py); no listeners, no
+proxy variables, still no resolver.
+
 The other parts of network policy: SandboxSpec validates `network` (karotte/spec.py), the
 seccomp policy allows only UNIX, IPv4 and IPv6 sockets (karotte/seccomp.py), and
 `karotte-sandbox check` judges the network-namespace line (karotte/probe/verdicts.py).
@@ -22,6 +27,8 @@ import threading
 from collections.abc import Sequence
 
 from . import protocol as p
+from .egress.check import Resolver, system_resolver
+from .egress.ip import IpLink
 from .egress.policy import EgressConfigError, EgressPolicy
 from .egress.server import EgressProxy, EgressSession
 from .spec import SandboxSpec
@@ -33,12 +40,18 @@ NO_PROXY = "localhost,127.0.0.1,::1"  # the sandbox's own loopback, and the upst
 
 _lock = threading.Lock()
 _proxy: EgressProxy | None = None
+_ip_resolve: Resolver = system_resolver
+
+
+def _proxied(spec: SandboxSpec) -> EgressPolicy | None:
+    policy = spec.network
+    return policy if isinstance(policy, EgressPolicy) and policy.mode == "proxy" else None
 
 
 def listen_ports(spec: SandboxSpec) -> list[int]:
-    """The ports init listens on inside the sandbox: none for "none"."""
-    policy = spec.network
-    if not isinstance(policy, EgressPolicy):
+    """The ports init listens on inside the sandbox: none for "none" and the ip mode."""
+    policy = _proxied(spec)
+    if policy is None:
         return []
     if len(policy.upstreams) > MAX_UPSTREAMS:
         raise EgressConfigError(f"a sandbox has at most {MAX_UPSTREAMS} named upstreams, "
@@ -54,9 +67,10 @@ def add_network_plan(msg: p.Message, spec: SandboxSpec) -> None:
 
 def proxy_env(spec: SandboxSpec) -> dict[str, str]:
     """What common clients read to use the proxy (curl, pip, git, npm, urllib,
-    requests), and KAROTTE_UPSTREAM_<NAME> for each upstream: none for "none"."""
-    policy = spec.network
-    if not isinstance(policy, EgressPolicy):
+    requests), and KAROTTE_UPSTREAM_<NAME> for each upstream: none for "none" and the
+    ip mode."""
+    policy = _proxied(spec)
+    if policy is None:
         return {}
     url = f"http://127.0.0.1:{PROXY_PORT}"
     env = {}
@@ -111,3 +125,21 @@ def start_egress(spec: SandboxSpec, fds: Sequence[int]) -> EgressSession | None:
         for sock in socks:
             sock.close()
         raise
+
+
+def use_ip_resolver(resolve: Resolver | None) -> Resolver:
+    """Resolve the ip mode's names with resolve from now on (a static table, say); None:
+    the host's resolver again. Returns the one it replaces."""
+    global _ip_resolve
+    with _lock:
+        old, _ip_resolve = _ip_resolve, resolve or system_resolver
+        return old
+
+
+def start_ip(spec: SandboxSpec, init_pid: int) -> IpLink | None:
+    """The ip mode's veth and rules for the sandbox of init_pid, before its init's go (no
+    agent code has run); None for the other modes."""
+    policy = spec.network
+    if not (isinstance(policy, EgressPolicy) and policy.mode == "ip"):
+        return None
+    return IpLink.open(policy, init_pid, _ip_resolve)

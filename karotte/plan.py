@@ -22,9 +22,11 @@ def _seccomp_filter() -> bytes:
 
 
 @lru_cache(maxsize=64)
-def config_message(spec: SandboxSpec, ident: Identity, tree: str | None = None) -> bytes:
+def config_message(spec: SandboxSpec, ident: Identity, tree: str | None = None,
+                   changes: str | None = None) -> bytes:
     """The CONFIG message of a sandbox: everything init sets up before its first command.
-    tree: the image's tree (karotte/imageroot.py), or None for the host's userland."""
+    tree: the image's tree (karotte/imageroot.py), or None for the host's userland; changes:
+    the vetted diff laid over it (SandboxSpec.changes, resolved), or None."""
     msg = p.Message(p.CONFIG)
     # agent_user="root": uid 0 of the sandbox's namespace (nested: of its own) with the
     # capabilities of p.ROOT_CAPS; "agent": uid 1000 and no T_CAPS, so no capability.
@@ -44,5 +46,5 @@ def config_message(spec: SandboxSpec, ident: Identity, tree: str | None = None) 
     msg.rlimit(resource.RLIMIT_MSGQUEUE, 64 * KiB, 64 * KiB)
     msg.rlimit(resource.RLIMIT_SIGPENDING, 1024, 1024)
     net.add_network_plan(msg, spec)
-    mounts.add_mount_plan(msg, spec, ident.owner_uid, ident.owner_gid, tree)
+    mounts.add_mount_plan(msg, spec, ident.owner_uid, ident.owner_gid, tree, changes)
     return msg.to_bytes()

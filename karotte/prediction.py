@@ -260,7 +260,7 @@ def chosen(name):
 
 
 for d in plan["deliverables"]:
-    p = os.path.join("/workspace", d.strip("/"))
+    p = d if d.startswith("/") else os.path.join("/workspace", d.strip("/"))
     if os.path.isfile(p) and not os.path.islink(p) and (p.endswith(".py")
                                                         or os.access(p, os.X_OK)):
         table = recorded([sys.executable, "-I", p] if p.endswith(".py") else [p])

@@ -8,6 +8,8 @@ so the mount plan and the probe import it without the C extension.
 """
 from __future__ import annotations
 
+import array
+import socket
 import struct
 from dataclasses import dataclass
 from typing import Iterator
@@ -32,10 +34,10 @@ T_ERRNO, T_WHAT, T_STEP, T_WAIT_STATUS, T_RUSAGE = (h.KT_ERRNO, h.KT_WHAT, h.KT_
                                                     h.KT_WAIT_STATUS, h.KT_RUSAGE)
 
 # mount plan operations and flags
-M_BIND, M_TMPFS, M_PROC, M_DEVPTS, M_SYMLINK, M_DIR, M_FILE, M_OVERLAY = (
+M_BIND, M_TMPFS, M_PROC, M_DEVPTS, M_SYMLINK, M_DIR, M_FILE, M_OVERLAY, M_LAYER = (
     h.KM_BIND, h.KM_TMPFS, h.KM_PROC, h.KM_DEVPTS, h.KM_SYMLINK, h.KM_DIR, h.KM_FILE,
-    h.KM_OVERLAY)
-MF_RDONLY, MF_DEV = h.KMF_RDONLY, h.KMF_DEV
+    h.KM_OVERLAY, h.KM_LAYER)
+MF_RDONLY, MF_DEV, MF_NOSYMFOLLOW = h.KMF_RDONLY, h.KMF_DEV, h.KMF_NOSYMFOLLOW
 
 # Where a start or an exec failed (enum kp_step), by name: KS_MOUNT_PROC is "mount-proc".
 # karotte/steps.py says what each means.
@@ -158,6 +160,19 @@ def parse(data: bytes) -> Reply:
         raise ValueError("short message from karotte-init")
     type_, id_ = _HEADER.unpack_from(data)
     return Reply(type_, id_, dict(_records(data, _HEADER.size)))
+
+
+def recv(sock: socket.socket, maxfds: int) -> tuple[bytes, list[int], int]:
+    """One message from init: (data, fds, recvmsg flags). The fds are close-on-exec
+    (MSG_CMSG_CLOEXEC, which socket.recv_fds drops): the workspace's and the upper's fds and
+    a pty's master must not reach a program the trainer starts."""
+    data, ancdata, flags, _addr = sock.recvmsg(
+        MAX_MSG, socket.CMSG_SPACE(maxfds * array.array("i").itemsize), socket.MSG_CMSG_CLOEXEC)
+    fds = array.array("i")
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds), flags
 
 
 def rusage(reply: Reply) -> tuple[float, float, int]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # Why an episode ended, the closed set of Outcome.reason (listed for users in
 # docs/examples.md, "What an outcome's reason says"). All but "graded" score the bottom.
@@ -29,7 +29,60 @@ VIOLATION_KINDS = frozenset({
     "hardlink", "setuid", "setgid", "sticky", "sparse", "file-too-large",
     "total-too-large", "too-many-entries", "too-deep", "name-too-long", "paths-too-long",
     "scan-timeout", "unreadable", "changed-during-scan", "invalid-name",
+    # the overlay's upper only (karotte/changes.py)
+    "overlay-metadata", "unmapped-owner",
 })
+
+
+EXEC_REACHES = 100  # of one exec's reaches an ExecResult holds; the rest counted in dropped
+REACH_TEXT_LIMIT = 300  # bytes of JSON of a held Reach's host and of its detail
+
+
+@dataclass(frozen=True)
+class Reach:
+    """One destination the agent asked for through the egress proxy, and what came of it
+    (karotte/egress/proxy.py writes them; docs/egress.md)."""
+
+    via: str  # "connect" (a tunnel), "http" (a plain request) or "upstream:NAME"
+    host: str
+    port: int
+    allowed: bool  # the check's decision
+    reason: str  # of karotte.egress.REASONS: "ok", why it was refused, or why it was cut
+    bytes_sent: int  # agent -> destination
+    bytes_received: int  # destination -> agent
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class EgressRecord:
+    """What a sandbox (or one exec of it) reached, in the order the proxy saw it."""
+
+    reaches: tuple[Reach, ...] = ()
+    dropped: int = 0  # reaches past the cap, counted, not held
+
+    @property
+    def refused(self) -> tuple[Reach, ...]:
+        return tuple(r for r in self.reaches if not r.allowed)
+
+    @property
+    def total(self) -> int:
+        """Every reach the record saw, held or dropped."""
+        return len(self.reaches) + self.dropped
+
+    def bounded(self, limit: int) -> EgressRecord:
+        """At most `limit` reaches held, the rest counted in dropped, and the host and
+        detail of each cut to REACH_TEXT_LIMIT bytes of JSON (REC-BOUND-01)."""
+        kept = self.reaches[:limit]
+        return EgressRecord(tuple(replace(r, host=capped(r.host, REACH_TEXT_LIMIT),
+                                          detail=capped(r.detail, REACH_TEXT_LIMIT))
+                                  for r in kept), self.total - len(kept))
+
+    def to_dict(self) -> dict:
+        return {"reaches": [r.__dict__.copy() for r in self.reaches], "dropped": self.dropped}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> EgressRecord:
+        return cls(tuple(Reach(**r) for r in data["reaches"]), int(data["dropped"]))
 
 
 @dataclass(frozen=True)
@@ -51,6 +104,9 @@ class ExecResult:
     # kernel cannot reset the peak per exec (cgroup v2 before Linux 6.12) or no cgroup
     error: str | None = None  # why the command could not start
     error_step: str | None = None  # where it could not: a step of karotte.steps.STEPS
+    # With a network policy: what the sandbox reached from this exec's start to its end
+    # (at most EXEC_REACHES, docs/egress.md "The record of each exec"); None with "none"
+    egress: EgressRecord | None = None
 
     @property
     def ok(self) -> bool:
@@ -103,7 +159,8 @@ def capped(text: str, limit: int) -> str:
 class Violation:
     """One rejected entry or one budget that stopped the walk."""
 
-    path: str  # relative to the workspace root, escaped (see escape); "." is the root
+    path: str  # relative to the workspace root, escaped (see escape); "." is the root; in
+    # a filesystem diff (karotte/changes.py) absolute: "/etc/x", "/" the root
     kind: str  # one of VIOLATION_KINDS
     rule: str  # the invariant, e.g. "D4 budget: max_file_size=67108864"
     detail: str = ""
@@ -117,10 +174,11 @@ class Violation:
 class ScannedFile:
     """A regular file that passed and was copied."""
 
-    path: str  # relative, escaped
-    raw: bytes  # relative, the exact bytes of the names joined by b"/"
+    path: str  # relative, escaped (absolute in a filesystem diff)
+    raw: bytes  # relative, the exact bytes of the names joined by b"/" (in a diff too)
     size: int  # bytes copied (the st_size that was checked)
-    mode: int  # the copy's permission bits: 0o644, or 0o755 if the agent set any x bit
+    mode: int  # the copy's permission bits: 0o644, or 0o755 if the agent set any x bit (in a
+    # diff: the agent's own, less setuid, setgid and sticky, which are rejected)
 
 
 @dataclass(frozen=True)
@@ -133,3 +191,6 @@ class ScanResult:
     complete: bool  # False if a budget (depth, entries, size, paths, time) cut the walk short
     seconds: float
     violations_dropped: int = 0  # found, but over VIOLATIONS_KEPT: counted, not held
+    # A filesystem diff only (karotte/changes.py), absolute escaped paths in walk order:
+    deleted: tuple[str, ...] = ()  # whiteouts: what the agent deleted of the image
+    replaced: tuple[str, ...] = ()  # opaque directories: the image's contents there are gone

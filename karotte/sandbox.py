@@ -13,22 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import math
 import os
 import select
 import signal
 import socket
 import termios
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
-from . import cgroups, imageroot, lifecycle, mounts, native, net, plan, steps
+from . import cgroups, imageroot, lifecycle, native, net, plan, start_errors
 from . import protocol as p
-from .userns import identity, userns_blocker
+from .execenv import exec_cwd, exec_env
+from .execenv import DEFAULT_ENV  # noqa: F401 (public here too)
+from .userns import identity
 from .userns import AGENT_UID, DEFAULT_UID_BASE, ns_owner_ids  # noqa: F401 (public here too)
-from .results import ExecResult
+from .results import EXEC_REACHES, ExecResult
 from .errors import CgroupError, HostUnsupported, SandboxClosed, SandboxError, out_of_fds
 from .protections import CGROUP_LINES, NO_CGROUP
 from .exec_io import KILL_GRACE, ExecOp, drive_async, drive_sync
@@ -38,59 +38,12 @@ from .spec import SandboxSpec
 SETUP_TIMEOUT = 10.0  # seconds for init to build the root and report ready
 MAX_PASS_FDS = 5  # extra fds a command may get (MAX_FDS of csrc/init/init.h less stdio)
 
-DEFAULT_ENV = {
-    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    "HOME": mounts.HOME,
-    "USER": "agent",
-    "LOGNAME": "agent",
-    "SHELL": "/bin/bash",
-    "LANG": "C.UTF-8",
-    "TMPDIR": "/tmp",
-    # The CPUs to plan for (nproc, OpenMP, BLAS): the spec's bandwidth rounded up, set by
-    # exec_env(). cpu_count() and /proc/cpuinfo still show every host CPU: the limit is
-    # bandwidth on all of them, not a few CPUs.
-    "OMP_NUM_THREADS": "1",
-}
-
-
-def exec_env(spec: SandboxSpec, env: Mapping[str, str] | None,
-             root: imageroot.ImageRoot | None = None) -> dict[str, str]:
-    """The environment of a command: DEFAULT_ENV with OMP_NUM_THREADS for the spec's CPUs
-    (never more than the host has), then the image config's Env (on an image), then the
-    egress proxy's variables (karotte/net.py), then the caller's env; each may replace any
-    of what comes before it."""
-    cpus = min(math.ceil(spec.cpus), len(os.sched_getaffinity(0)))
-    return {**DEFAULT_ENV, "OMP_NUM_THREADS": str(cpus), **(root.env if root else {}),
-            **net.proxy_env(spec),  # over an image's own proxy settings, which lead nowhere
-            **(env or {})}
-
-
-def exec_cwd(cwd: str | None, root: imageroot.ImageRoot | None = None) -> str:
-    """The working directory of a command: the caller's, else the image config's
-    WorkingDir (on an image), else /workspace."""
-    return cwd or (root.workdir if root is not None and root.workdir else mounts.WORKSPACE)
-
-
 def _write_proc(pid: int, name: str, text: str) -> None:
     fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.write(fd, text.encode())
     finally:
         os.close(fd)
-
-
-_OVERLAY_STEPS = ("overlay-lower", "overlay-upper", "overlay")
-# What a tree the caller named, not the kernel, is to blame for: a plain SandboxError.
-_TREE_ERRNOS = (errno.EACCES, errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG)
-
-
-def _setup_error(reply: p.Reply) -> SandboxError | HostUnsupported:
-    err = reply.u32(p.T_ERRNO)
-    if reply.step in _OVERLAY_STEPS and err not in _TREE_ERRNOS:
-        return imageroot.overlay_unsupported(reply.text(p.T_WHAT), err, os.uname().release)
-    hint = steps.step(reply.step).hint(err)
-    return SandboxError(f"sandbox setup failed at '{reply.text(p.T_WHAT)}': {os.strerror(err)}"
-                        + (f" ({hint})" if hint else ""), step=reply.step)
 
 
 class _Core:
@@ -109,10 +62,14 @@ class _Core:
         self.pidfd: int | None = None
         self.workspace_fd: int | None = None
         self.egress = None  # the EgressSession serving its listeners (karotte/net.py)
+        self.egress_closed = None  # that session once closed, for its record
+        self.ip = None  # the ip mode's IpLink: its veth and nftables table (karotte/net.py)
+        self.upper_fd: int | None = None  # on an image: the overlay's upper, the agent's diff
         self.broken: str | None = None
         self.closed = False
         self._next_id = 1
         self._oom_before = 0
+        self._egress_mark = None  # where the egress record was as the running exec began
         self._spawn_args = None
 
     # -- creation: start() then finish_start(reply) once init answers
@@ -146,7 +103,7 @@ class _Core:
                         child.fileno(), cg and cg.clone_fd(), cg and cg.tasks_files(),
                         cg and cg.freezer_state_file(), owner)
                 except native.SpawnError as exc:
-                    raise _spawn_error(exc, cg) from exc
+                    raise start_errors.spawn_error(exc, cg) from exc
             finally:
                 child.close()
             # A stop_all() that ran during the spawn found no pidfd here to signal.
@@ -160,6 +117,7 @@ class _Core:
                 _write_proc(self.pid, "setgroups", "deny")
             _write_proc(self.pid, "uid_map", ident.agent_uid_map(owner))
             _write_proc(self.pid, "gid_map", ident.gid_map)
+            self.ip = net.start_ip(spec, self.pid)  # init waits for its go: no agent code yet
             self.send(p.Message(p.GO).to_bytes(), [])
             self._send_config(ident)
         except BaseException as exc:
@@ -169,22 +127,23 @@ class _Core:
             raise
 
     def _send_config(self, ident) -> None:
-        """The plan, and on an image for a root caller the tree idmapped onto the sandbox's
-        user namespace (an unprivileged caller's init binds the tree itself)."""
-        tree = self.root.tree if self.root is not None else None
-        config = plan.config_message(self.spec, ident, tree)
-        if tree is None or ident.nested:
+        """The plan, and on an image for a root caller its lowers idmapped onto the sandbox's
+        user namespace (an unprivileged caller's init binds them itself)."""
+        root = self.root
+        config = plan.config_message(self.spec, ident, root and root.tree, root and root.changes)
+        if root is None or ident.nested:
             self.send(config, [])
             return
         userns = os.open(f"/proc/{self.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            tree_fd = imageroot.idmapped_tree(tree, userns)
+            lowers = imageroot.lower_fds(root, userns)
         finally:
             os.close(userns)
         try:
-            self.send(config, [tree_fd])
+            self.send(config, lowers)
         finally:
-            os.close(tree_fd)
+            for fd in lowers:
+                os.close(fd)
 
     def _make_cgroup(self) -> cgroups.Cgroup | None:
         spec = self.spec
@@ -207,8 +166,14 @@ class _Core:
         self._spawn_args = None  # init has exec'd (or died): its arguments may go
         if reply is not None and reply.type == p.READY and fds:
             self.workspace_fd = fds[0]
+            if self.root is not None and len(fds) > 1:
+                self.upper_fd = fds[1]
+            if self.root is not None and self.upper_fd is None:
+                self.destroy()
+                raise SandboxError("karotte-init sent no fd of the overlay's upper with READY; "
+                                   "rebuild it (pip install -e .) so that it matches karotte")
             try:
-                self.egress = net.start_egress(self.spec, fds[1:])
+                self.egress = net.start_egress(self.spec, fds[1 + (self.upper_fd is not None):])
             except BaseException:
                 self.destroy()
                 raise
@@ -226,20 +191,11 @@ class _Core:
             return
         for fd in fds:
             os.close(fd)
-        error = self._init_gone_error() if reply is None else (
-            _setup_error(reply) if reply.type == p.SETUP_ERR
+        error = start_errors.init_gone(self.pidfd) if reply is None else (
+            start_errors.setup_error(reply) if reply.type == p.SETUP_ERR
             else SandboxError(f"unexpected first message {reply.type} from karotte-init"))
         self.destroy()
         raise error
-
-    def _init_gone_error(self) -> SandboxError:
-        try:
-            info = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except (OSError, TypeError):
-            info = None
-        if info is not None and info.si_code == os.CLD_EXITED and info.si_status == 127:
-            return SandboxError(f"could not execute {native.INIT_PATH} in the new namespaces")
-        return SandboxError("karotte-init exited during setup without saying why")
 
     # -- channel
 
@@ -255,7 +211,7 @@ class _Core:
 
     def recv_with_fds(self) -> tuple[p.Reply | None, list[int]]:
         try:
-            data, fds, flags, _addr = socket.recv_fds(self.sock, p.MAX_MSG, 2 + net.MAX_UPSTREAMS)
+            data, fds, flags = p.recv(self.sock, 3 + net.MAX_UPSTREAMS)
         except (BlockingIOError, InterruptedError):
             raise
         except OSError:
@@ -304,6 +260,7 @@ class _Core:
         if self.cgroup is not None:
             self.cgroup.reset_memory_peak()
             self._oom_before = self.cgroup.oom_kills()
+        self._egress_mark = self.egress.mark() if self.egress is not None else None
         exec_id = self._next_id
         self._next_id += 1
         return ExecOp(self, exec_id, argv, stdin or b"", timeout, full_env,
@@ -315,7 +272,13 @@ class _Core:
         if self.cgroup is not None:
             peak = self.cgroup.memory_peak()
             oom = self.cgroup.oom_kills() > self._oom_before
-        return op.result(peak, oom)
+        result = op.result(peak, oom)
+        if self.egress is None:
+            return result
+        # every reach opened from the exec's start to its end, by whichever of the
+        # sandbox's processes (docs/egress.md, "The record of each exec")
+        return replace(result, egress=self.egress.since(self._egress_mark, EXEC_REACHES)
+                       .bounded(EXEC_REACHES))
 
     # -- teardown
 
@@ -380,13 +343,18 @@ class _Core:
             finally:
                 if self.egress is not None:
                     self.egress.close()
-                    self.egress = None
+                    self.egress_closed, self.egress = self.egress, None  # its record stays
+                if self.ip is not None:
+                    self.ip.close()
+                    self.ip = None
                 if self.sock is not None:
                     self.sock.close()
                     self.sock = None
-                if self.workspace_fd is not None:
-                    os.close(self.workspace_fd)
-                    self.workspace_fd = None
+                for name in ("workspace_fd", "upper_fd"):
+                    fd = getattr(self, name)
+                    if fd is not None:
+                        setattr(self, name, None)
+                        os.close(fd)
                 if self.cgroup is not None:
                     # kill_all() confirmed it empty: it may be reused
                     (self.cgroup.release if reuse_cgroup else self.cgroup.destroy)()
@@ -405,26 +373,6 @@ class _Core:
             self.destroy(reuse_cgroup=False)
 
 
-def _spawn_error(exc: native.SpawnError, cg: cgroups.Cgroup | None) -> Exception:
-    name = errno.errorcode.get(exc.errno, str(exc.errno))
-    if exc.step == native.STEP_CGROUP:
-        if exc.errno == errno.EBUSY:
-            return CgroupError(f"cgroup {cg.name} is frozen, or its parent is: a sandbox "
-                               "started in it would stop at once; thaw the parent cgroup")
-        return CgroupError(f"moving the spawning thread into cgroup {cg.name} failed: {name} "
-                           f"({exc.strerror}); check the tasks files of {' '.join(cg.paths)}")
-    if exc.step == native.STEP_THREAD:
-        return SandboxError(f"no thread could be started for the spawn: {name} "
-                            f"({exc.strerror}); raise the limit on threads or processes",
-                            step=exc.step)
-    if exc.step == native.STEP_OWNER:
-        return SandboxError(f"taking the user namespace's owner ids failed: {name} "
-                            f"({exc.strerror}); they need a root caller", step=exc.step)
-    if exc.errno in (errno.EPERM, errno.EACCES, errno.ENOSPC, errno.EUSERS):
-        return HostUnsupported("user-namespace", userns_blocker(exc.errno))
-    return SandboxError(f"clone3 of the sandbox failed: {exc.strerror}", step=exc.step)
-
-
 class _Facts:
     """What both faces tell about their sandbox."""
 
@@ -440,6 +388,13 @@ class _Facts:
         return self._core.workspace_fd
 
     @property
+    def upper_fd(self) -> int | None:
+        """On an image, a directory fd of the overlay's upper: exactly what the agent changed
+        of the image's tree (karotte.changes.scan_changes reads it after kill_all); None on
+        the host's userland. Valid until the sandbox is destroyed."""
+        return self._core.upper_fd
+
+    @property
     def cgroup(self) -> cgroups.Cgroup | None:
         return self._core.cgroup
 
@@ -449,9 +404,10 @@ class _Facts:
         return self._core.pid
 
     def egress_record(self):
-        """What the agent reached through the egress proxy so far (a frozen
-        karotte.egress.EgressRecord), or None with network "none"."""
-        return self._core.egress.record() if self._core.egress is not None else None
+        """What the agent reached through the egress proxy so far, after close() all of
+        it (a frozen karotte.egress.EgressRecord), or None with network "none"."""
+        session = self._core.egress or self._core.egress_closed
+        return session.record() if session is not None else None
 
 
 class Sandbox(_Facts):

@@ -43,6 +43,7 @@ from .spec import KiB, MiB, ScanLimits
 __all__ = [
     "ScanError", "ScanLimits", "Violation", "ScannedFile", "ScanResult", "VIOLATION_KINDS",
     "COPY_TIME", "VIOLATIONS_KEPT", "PATH_TEXT_LIMIT", "scan_and_copy", "escape", "relation",
+    "Walk", "Frame", "walk_into",
 ]
 
 # atime and mtime of everything in the copy: 2000-01-01T00:00:00Z. Not 0, so that a
@@ -90,10 +91,12 @@ class ScanError(KarotteError):
 
 
 def relation(path: AnyStr, deliverable: AnyStr) -> str | None:
-    """Where a workspace path lies against a deliverable (both relative, no leading or
-    trailing '/'): "at" the deliverable or on the way to it, "inside" it (a deliverable
-    directory), or None. Escaped text or raw bytes alike."""
+    """Where a path lies against a deliverable (relative to the workspace, or absolute as a
+    filesystem diff's are: a leading '/' of either does not count; no trailing '/'): "at"
+    the deliverable or on the way to it, "inside" it (a deliverable directory), or None.
+    Escaped text or raw bytes alike."""
     sep = "/" if isinstance(path, str) else b"/"
+    path, deliverable = path.lstrip(sep), deliverable.lstrip(sep)
     if path == deliverable or deliverable.startswith(path + sep):
         return "at"
     if path.startswith(deliverable + sep):
@@ -136,7 +139,7 @@ class _Stop(Exception):
     """A budget ran out: the walk ends here (the violation is already recorded)."""
 
 
-class _Frame:
+class Frame:
     """One directory being walked: its fd, the fd of its copy, and the names left."""
 
     __slots__ = ("src", "dst", "raw", "depth", "names", "next")
@@ -158,7 +161,10 @@ class _Frame:
         os.close(self.dst)
 
 
-class _Walk:
+class Walk:
+    """One walk of a tree and its copy: the rules, the budgets and the result so far.
+    karotte/changes.py walks the overlay's upper with it, through the hooks below."""
+
     def __init__(self, limits: ScanLimits, start: float, deliverables: Sequence[str]):
         self.limits = limits
         self.deadline = start + limits.max_seconds
@@ -193,12 +199,12 @@ class _Walk:
                 self.dropped += 1
                 return
             self.kept[where] += 1
-        path = _reported(raw)
+        path = self._report(raw)
         self._charge(raw, path)
         self.violations.append(Violation(path, kind, rule, detail))
 
     def _stop(self, raw: bytes, kind: str, budget: str, detail: str) -> None:
-        self.violations.append(Violation(_reported(raw), kind, f"D4 budget: {budget}", detail))
+        self.violations.append(Violation(self._report(raw), kind, f"D4 budget: {budget}", detail))
         self.complete = False
         raise _Stop
 
@@ -207,9 +213,42 @@ class _Walk:
             self._stop(raw, "scan-timeout", f"max_seconds={self.limits.max_seconds:g}",
                        f"stopped after {self.limits.max_seconds:g} s")
 
+    # -- what a walk of another tree may change (karotte/changes.py: the overlay's upper)
+
+    def _report(self, raw: bytes) -> str:
+        """How a violation names the entry at raw (relative, b"" for the root)."""
+        return _reported(raw)
+
+    def _shown(self, raw: bytes) -> str:
+        """How the result names an accepted file or directory."""
+        return escape(raw)
+
+    def _other(self, parent: Frame, name: bytes, raw: bytes, st: os.stat_result) -> None:
+        """An entry that is neither a regular file nor a directory, judged on lstat alone:
+        a FIFO, socket, device or symlink is never opened. (A diff's walk keeps a symlink:
+        it reads the target on an O_PATH fd of the link, which opens nothing it names.)"""
+        fmt = stat.S_IFMT(st.st_mode)
+        kind, detail = _SPECIAL_KINDS.get(fmt, ("unknown-type", f"file type {fmt:#o}"))
+        self._violate(raw, kind, RULE_TYPES, detail)
+
+    def _accepts(self, fd: int, raw: bytes, fst: os.stat_result) -> bool:
+        """A last judgement of an opened file or directory, on its fd; False if it is
+        rejected (recorded). The workspace has nothing more to judge."""
+        return True
+
+    def _new_dir(self, dst_parent: int, name: bytes, raw: bytes, fst: os.stat_result) -> int:
+        """The copy of an accepted directory, as an fd."""
+        return _make_dir(dst_parent, name)
+
+    def _set_mode(self, out: int, fst: os.stat_result, raw: bytes) -> int:
+        """Give the copy of the file at raw its mode (and owner); returns the mode."""
+        mode = 0o755 if fst.st_mode & 0o111 else 0o644
+        os.fchmod(out, mode)
+        return mode
+
     # -- the walk
 
-    def run(self, root: _Frame) -> None:
+    def run(self, root: Frame) -> None:
         stack = [root]
         try:
             while stack:
@@ -264,7 +303,7 @@ class _Walk:
         names.sort()
         return names
 
-    def _entry(self, parent: _Frame, name: bytes) -> _Frame | None:
+    def _entry(self, parent: Frame, name: bytes) -> Frame | None:
         raw = parent.raw + b"/" + name if parent.raw else name
         self._check_time(raw)
         limits = self.limits
@@ -293,12 +332,10 @@ class _Walk:
         if fmt == stat.S_IFREG:
             self._file(parent, name, raw, st)
             return None
-        # Rejected on lstat alone: a FIFO, socket, device or symlink is never opened.
-        kind, detail = _SPECIAL_KINDS.get(fmt, ("unknown-type", f"file type {fmt:#o}"))
-        self._violate(raw, kind, RULE_TYPES, detail)
+        self._other(parent, name, raw, st)
         return None
 
-    def _open(self, parent: _Frame, name: bytes, raw: bytes, st: os.stat_result,
+    def _open(self, parent: Frame, name: bytes, raw: bytes, st: os.stat_result,
               flags: int) -> tuple[int, os.stat_result] | None:
         """Open the entry lstat saw and prove, by fstat on the fd, that it is the same
         inode of the same type. Returns the fd and its fstat, or None (recorded)."""
@@ -336,7 +373,7 @@ class _Walk:
                 found = True
         return found
 
-    def _dir(self, parent: _Frame, name: bytes, raw: bytes, st: os.stat_result) -> _Frame | None:
+    def _dir(self, parent: Frame, name: bytes, raw: bytes, st: os.stat_result) -> Frame | None:
         if self._dir_problems(raw, st):
             return None
         opened = self._open(parent, name, raw, st, _SRC_DIR_FLAGS)
@@ -345,16 +382,16 @@ class _Walk:
         fd, fst = opened
         dst = -1
         try:
-            if self._dir_problems(raw, fst):
+            if self._dir_problems(raw, fst) or not self._accepts(fd, raw, fst):
                 return None
             names = self.list_dir(fd, raw, parent.depth + 1)
             if names is None:
                 return None
-            path = escape(raw)
+            path = self._shown(raw)
             self._charge(raw, path)
-            dst = _make_dir(parent.dst, name)
+            dst = self._new_dir(parent.dst, name, raw, fst)
             self.dirs.append(path)
-            frame = _Frame(fd, dst, raw, parent.depth + 1, names)
+            frame = Frame(fd, dst, raw, parent.depth + 1, names)
             fd = dst = -1  # the frame owns them now
             return frame
         finally:
@@ -386,7 +423,7 @@ class _Walk:
             found = True
         return found
 
-    def _file(self, parent: _Frame, name: bytes, raw: bytes, st: os.stat_result) -> None:
+    def _file(self, parent: Frame, name: bytes, raw: bytes, st: os.stat_result) -> None:
         if self._file_problems(raw, st):
             return  # rejected without an open
         opened = self._open(parent, name, raw, st, _SRC_FILE_FLAGS)
@@ -394,13 +431,14 @@ class _Walk:
             return
         fd, fst = opened
         try:
-            if self._file_problems(raw, fst):  # the fd's inode is the one that counts
+            # the fd's inode is the one that counts
+            if self._file_problems(raw, fst) or not self._accepts(fd, raw, fst):
                 return
             size = fst.st_size
             if self.total + size > self.limits.max_total_size:
                 self._stop(raw, "total-too-large", f"max_total_size={self.limits.max_total_size}",
                            f"{_human(self.total)} copied, this file adds {_human(size)}")
-            path = escape(raw)
+            path = self._shown(raw)
             self._charge(raw, path)
             self._copy(fd, fst, parent.dst, name, raw, path)
         finally:
@@ -408,7 +446,6 @@ class _Walk:
 
     def _copy(self, src: int, fst: os.stat_result, dst_dir: int, name: bytes, raw: bytes,
               path: str) -> None:
-        mode = 0o755 if fst.st_mode & 0o111 else 0o644
         try:
             out = os.open(name, _DST_FILE_FLAGS, 0o600, dir_fd=dst_dir)
         except OSError as exc:
@@ -429,7 +466,7 @@ class _Walk:
                               f"changed while copied (size {fst.st_size} at the check, "
                               f"{after.st_size} after {copied} bytes were copied)")
                 return
-            os.fchmod(out, mode)
+            mode = self._set_mode(out, fst, raw)
             _stamp(out, raw)
             keep = True
         finally:
@@ -491,27 +528,26 @@ def _make_dir(dst_parent: int, name: bytes) -> int:
     return fd
 
 
-def _open_workspace(workspace_fd: int) -> tuple[int, os.stat_result]:
-    """A fresh fd of the workspace root: our own directory offset, the caller's fd untouched."""
-    if not isinstance(workspace_fd, int):
-        raise ScanError(f"workspace_fd must be an open directory fd, got {workspace_fd!r} "
+def _open_root(src_fd: int, name: str) -> tuple[int, os.stat_result]:
+    """A fresh fd of the tree's root (name: the Sandbox property that gave src_fd): our own
+    directory offset, the caller's fd untouched."""
+    if not isinstance(src_fd, int):
+        raise ScanError(f"{name} must be an open directory fd, got {src_fd!r} "
                         "(was the sandbox closed before the scan? scan between kill_all and close)")
     try:
-        before = os.fstat(workspace_fd)
+        before = os.fstat(src_fd)
     except OSError as exc:
-        raise ScanError(f"workspace_fd {workspace_fd} is not an open fd: {exc.strerror}") from exc
+        raise ScanError(f"{name} {src_fd} is not an open fd: {exc.strerror}") from exc
     if not stat.S_ISDIR(before.st_mode):
-        raise ScanError(f"workspace_fd {workspace_fd} is not a directory; pass "
-                        "Sandbox.workspace_fd")
+        raise ScanError(f"{name} {src_fd} is not a directory; pass Sandbox.{name}")
     try:
-        fd = os.open(".", _SRC_DIR_FLAGS, dir_fd=workspace_fd)
+        fd = os.open(".", _SRC_DIR_FLAGS, dir_fd=src_fd)
     except OSError as exc:
-        raise ScanError(f"cannot open the workspace through fd {workspace_fd}: "
-                        f"{exc.strerror}") from exc
+        raise ScanError(f"cannot open the tree of {name} {src_fd}: {exc.strerror}") from exc
     st = os.fstat(fd)
     if _identity(st) != _identity(before):
         os.close(fd)
-        raise ScanError(f"workspace_fd {workspace_fd} did not reopen as itself")
+        raise ScanError(f"{name} {src_fd} did not reopen as itself")
     return fd, st
 
 
@@ -548,6 +584,28 @@ def _open_dest(dest_dir: str | bytes | os.PathLike, workspace: os.stat_result) -
     return fd
 
 
+def walk_into(walk: Walk, src_fd: int, name: str, dest_dir: str | bytes | os.PathLike) -> float:
+    """Run walk over the tree behind src_fd (name: the Sandbox property that gave it) into
+    dest_dir, which must exist and be empty. Returns the walk's start (monotonic)."""
+    start = time.monotonic()
+    root, root_st = _open_root(src_fd, name)
+    try:
+        dest = _open_dest(dest_dir, root_st)
+    except BaseException:
+        os.close(root)
+        raise
+    try:
+        names = walk.list_dir(root, b"", 0)
+    except _Stop:
+        names = None
+    except BaseException:
+        os.close(root)
+        os.close(dest)
+        raise
+    walk.run(Frame(root, dest, b"", 0, names or []))
+    return start
+
+
 def scan_and_copy(workspace_fd: int, dest_dir: str | bytes | os.PathLike,
                   limits: ScanLimits = ScanLimits(), *,
                   deliverables: Sequence[str] = ()) -> ScanResult:
@@ -563,22 +621,7 @@ def scan_and_copy(workspace_fd: int, dest_dir: str | bytes | os.PathLike,
     one of them, dest_dir included, has atime and mtime COPY_TIME. On ScanError the
     copy is incomplete: discard dest_dir.
     """
-    start = time.monotonic()
-    root, root_st = _open_workspace(workspace_fd)
-    try:
-        dest = _open_dest(dest_dir, root_st)
-    except BaseException:
-        os.close(root)
-        raise
-    walk = _Walk(limits, start, deliverables)
-    try:
-        names = walk.list_dir(root, b"", 0)
-    except _Stop:
-        names = None
-    except BaseException:
-        os.close(root)
-        os.close(dest)
-        raise
-    walk.run(_Frame(root, dest, b"", 0, names or []))
+    walk = Walk(limits, time.monotonic(), deliverables)
+    start = walk_into(walk, workspace_fd, "workspace_fd", dest_dir)
     return ScanResult(tuple(walk.files), tuple(walk.dirs), tuple(walk.violations),
                       walk.complete, time.monotonic() - start, walk.dropped)

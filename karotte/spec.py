@@ -68,6 +68,11 @@ def path_within(path: str, top: str) -> bool:
 class Bind:
     """A host path made visible inside the sandbox; read-only unless writable.
 
+    follow_symlinks=False mounts it nosymfollow: no path through the bind follows a
+    symlink in it (ELOOP), and readlink still shows each one. For a tree of another's
+    links that must not resolve in this sandbox's root (the grader's /changes). It needs
+    Linux 5.14; an older kernel fails the sandbox's start, naming it.
+
     src and dst are absolute; dst is normalised (no '.', '..', '//' or trailing '/'),
     not '/', and not in /proc, /dev or /sys. Where dst meets Karotte's own mounts is
     checked by the mount plan (karotte/mounts.py), which knows them."""
@@ -75,8 +80,13 @@ class Bind:
     src: str
     dst: str
     writable: bool = False
+    follow_symlinks: bool = True
 
     def __post_init__(self):
+        for name in ("writable", "follow_symlinks"):
+            if not isinstance(getattr(self, name), bool):
+                raise BindError(f"bind {name} must be True or False, got "
+                                f"{getattr(self, name)!r}")
         for name in ("src", "dst"):
             path = getattr(self, name)
             if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
@@ -121,6 +131,10 @@ class SandboxSpec:
     # The root filesystem: "host" (the host's userland, read-only) or "dir:/ABS/PATH" (an
     # overlay on that directory tree; karotte/imageroot.py, docs/image-sandbox.md).
     image: str = "host"
+    # A vetted diff (karotte.changes.scan_changes's dest_dir, an absolute path) laid over the
+    # image as its top read-only layer; only with an image (docs/image-sandbox.md, "Custody
+    # of the diff").
+    changes: str | None = None
     # Who runs the commands: "agent" (uid 1000, no capabilities) or "root" (uid 0 of the
     # sandbox's own user namespace with only the file-ownership capabilities, for image
     # tasks that install packages or chown; docs/image-sandbox.md, "Root inside").
@@ -150,6 +164,7 @@ class SandboxSpec:
             raise SpecError("pids", "at least 2 (init and one command)", self.pids)
         _check_distinct(self.binds)
         _check_image(self.image)
+        _check_changes(self.changes, self.image)
         if self.agent_user not in AGENT_USERS:
             raise SpecError("agent_user", " or ".join(map(repr, AGENT_USERS)), self.agent_user)
         if isinstance(self.allow_degraded, (set, list, tuple)):
@@ -173,6 +188,20 @@ def _check_image(image: object) -> None:
         if not (path.startswith("/") and not path.startswith("//") and "\0" not in path
                 and os.path.normpath(path) == path and path != "/"):
             raise SpecError("image", DIR_IMAGE, image)
+
+
+def _check_changes(changes: object, image: str) -> None:
+    if changes is None:
+        return
+    if not (isinstance(changes, str) and changes.startswith("/") and "\0" not in changes
+            and not changes.startswith("//") and os.path.normpath(changes) == changes
+            and changes != "/"):
+        raise SpecError("changes", "a vetted diff's directory other than /, by an absolute, "
+                        "normalised path without NUL bytes", changes)
+    if imageref.parse(image).kind == "host":
+        raise SpecError("changes", "None on the host's userland: a diff is laid over an "
+                        "image, so name the image it was taken on as well "
+                        "(SandboxSpec(image=..., changes=...))", changes)
 
 
 def _check_degraded(names: frozenset[str]) -> None:

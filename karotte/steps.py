@@ -48,10 +48,9 @@ _MNT = ("mount-namespace",)
 _AGENT_UID = ("unprivileged-agent-uid",)
 _AGENT_USERNS = ("user-namespace", "unprivileged-agent-uid")
 _IMAGE = ("image-overlay",)
-_NOT_THE_CALLERS = ("on an image init makes the mount points (/dev, /proc, /tmp, /workspace, "
-                    "/home/agent) in the overlay as root of the sandbox's user namespace, which "
-                    "for an unprivileged caller is the caller: the tree must be the caller's own "
-                    "(chown -R), or run Karotte as root, whose trees are idmapped")
+_NOT_THE_CALLERS = ("for an unprivileged caller, init is the caller as root of the sandbox's "
+                    "user namespace, so an image's tree must be the caller's own (chown -R), or "
+                    "run Karotte as root, whose trees are idmapped")
 _SECCOMP_SETUP = {errno.ENOSYS: _TOO_OLD, errno.EINVAL: _TOO_OLD}
 
 # Every KS_* code of csrc/protocol.h, by name (tests/test_protocol.py checks that).

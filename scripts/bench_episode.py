@@ -119,12 +119,13 @@ PHASE_WHAT = {
 }
 
 
-def _episode(seed: int, think: float = 0.0) -> tuple[dict[str, int], Outcome, dict]:
-    """One sync episode: ns per phase, its outcome, and the stamps around its calls."""
+def _episode(seed: int, think: float = 0.0, env=ENV) -> tuple[dict[str, int], Outcome, dict]:
+    """One sync episode of env (bench_image_sandbox.py passes one on an image): ns per
+    phase, its outcome, and the stamps around its calls."""
     if think:
         time.sleep(think)
     t0 = _now()
-    with Episode(ENV, seed=seed) as ep:
+    with Episode(env, seed=seed) as ep:
         ta = _now()
         ep.reset()
         t1 = _now()

@@ -86,16 +86,25 @@ def _read_int(path: str) -> int:
 # --------------------------------------------------------------------------- Karotte
 
 class KarotteLifecycle(Competitor):
+    """Sandbox(spec) + exec /bin/true + close, in this process (the defaults: the host's
+    userland; bench_image_sandbox.py passes specs on an image)."""
+
     name = "karotte"
     describe = "Sandbox(SandboxSpec()) + exec /bin/true + close, in this process"
 
+    def __init__(self, spec: SandboxSpec | None = None, name: str | None = None,
+                 describe: str | None = None):
+        self.spec = spec or SandboxSpec()
+        self.name = name or self.name
+        self.describe = describe or self.describe
+
     def run_once(self) -> int:
         t0 = time.perf_counter_ns()
-        with Sandbox(SandboxSpec()) as sb:
+        with Sandbox(self.spec) as sb:
             r = sb.exec([TRUE])
         t1 = time.perf_counter_ns()
         if r.exit_code != 0:
-            raise RuntimeError(f"karotte: /bin/true ended with {r}")
+            raise RuntimeError(f"{self.name}: /bin/true ended with {r}")
         return t1 - t0
 
 
@@ -140,9 +149,11 @@ def _timed_calls(fn: Callable[[], int], n: int) -> list[int]:
 
 # --------------------------------------------------------------------------- case 1
 
-def case_lifecycle(runs: int, warmup: int, log) -> dict:
-    competitors: list[Competitor] = [KarotteLifecycle(), Bwrap(), Unshare(), Runc(),
-                                     NoSandbox(), KarotteAfterIdle(), KarotteNoPool()]
+def race(competitors: list[Competitor], runs: int, warmup: int, log,
+         label: str = "lifecycle") -> dict[str, Series]:
+    """Each competitor's run, `runs` times, round-robin with a rotating start (no
+    competitor always runs first or always follows the same other one), after `warmup`
+    untimed runs each. One that cannot run here, or fails, is skipped with its reason."""
     series = {c.name: Series(c.name, c.describe) for c in competitors}
     live: list[Competitor] = []
     try:
@@ -157,9 +168,7 @@ def case_lifecycle(runs: int, warmup: int, log) -> dict:
             if why is not None:
                 series[c.name].skipped = why
                 log(f"  {c.name}: skipped: {why}")
-        for i in range(runs):
-            # Round-robin with a rotating start: no competitor always runs first or
-            # always follows the same other one.
+        for i in range(runs if live else 0):
             k = i % len(live)
             for c in live[k:] + live[:k]:
                 if series[c.name].skipped is not None:
@@ -170,10 +179,17 @@ def case_lifecycle(runs: int, warmup: int, log) -> dict:
                     series[c.name].skipped = f"failed at run {i + 1}: {exc}"
                     series[c.name].samples_ns.clear()
             if (i + 1) % max(1, runs // 4) == 0:
-                log(f"  lifecycle: {i + 1}/{runs} rounds")
+                log(f"  {label}: {i + 1}/{runs} rounds")
     finally:
         for c in competitors:
             c.cleanup()
+    return series
+
+
+def case_lifecycle(runs: int, warmup: int, log) -> dict:
+    competitors: list[Competitor] = [KarotteLifecycle(), Bwrap(), Unshare(), Runc(),
+                                     NoSandbox(), KarotteAfterIdle(), KarotteNoPool()]
+    series = race(competitors, runs, warmup, log)
     karotte = series["karotte"].median_ms
     ratios = {name: _ratio(karotte, s.median_ms) for name, s in series.items()
               if name != "karotte"}
@@ -579,12 +595,12 @@ def case_density(target: int, log) -> dict:
 
 # --------------------------------------------------------------------------- case 5
 
-def _phase_table() -> dict[str, tuple[str, str]]:
+def phase_table() -> dict[str, tuple[str, str]]:
     """The steps to time: the sandbox's, and the cgroup steps of the running backend."""
     return {**SANDBOX_PHASES, **SANDBOX_CGROUP_PHASES[cgroups.detect().version]}
 
 
-def _reach_every_phase() -> None:
+def reach_every_phase() -> None:
     """Untimed: a sandbox made without the pool (leaf_name, mkdir, rmdir) and a cgroup
     kill with init alive (the freeze and SIGKILL rounds), steps that the measured cycles
     may not reach; PhaseTimer then checks that each wrapped name is the one called."""
@@ -601,7 +617,7 @@ def _reach_every_phase() -> None:
         sb.cgroup.kill_all()
 
 
-def _phase_run(events: list[tuple[str, int, int]], t0: int, t1: int, t2: int,
+def phase_run(events: list[tuple[str, int, int]], t0: int, t1: int, t2: int,
                t3: int) -> dict[str, int]:
     """One instrumented cycle's events -> {phase: ns}; a phase called twice is summed."""
     out = {"create: total": t1 - t0, "first exec: total": t2 - t1, "destroy: total": t3 - t2}
@@ -623,18 +639,24 @@ def _phase_run(events: list[tuple[str, int, int]], t0: int, t1: int, t2: int,
     return out
 
 
+def instrumented_cycle(timer: PhaseTimer, spec: SandboxSpec, idle: float) -> dict[str, int]:
+    """One create, first exec and destroy of Sandbox(spec) under timer: {phase: ns}."""
+    time.sleep(idle)
+    timer.take()
+    t0 = time.perf_counter_ns()
+    sb = Sandbox(spec)
+    t1 = time.perf_counter_ns()
+    sb.exec([TRUE])
+    t2 = time.perf_counter_ns()
+    sb.close()
+    t3 = time.perf_counter_ns()
+    return phase_run(timer.take(), t0, t1, t2, t3)
+
+
 def _instrumented_cycles(timer: PhaseTimer, runs: int, idle: float) -> dict[str, list[int]]:
     totals: dict[str, list[int]] = {}
     for _ in range(runs):
-        time.sleep(idle)
-        t0 = time.perf_counter_ns()
-        sb = Sandbox(SandboxSpec())
-        t1 = time.perf_counter_ns()
-        sb.exec([TRUE])
-        t2 = time.perf_counter_ns()
-        sb.close()
-        t3 = time.perf_counter_ns()
-        for label, ns in _phase_run(timer.take(), t0, t1, t2, t3).items():
+        for label, ns in instrumented_cycle(timer, SandboxSpec(), idle).items():
             totals.setdefault(label, []).append(ns)
     return totals
 
@@ -643,8 +665,8 @@ def case_phases(runs: int, log) -> dict:
     """Back-to-back cycles, then a quarter as many after KarotteAfterIdle's pause: the
     two columns show which step the pause makes slow."""
     idle_runs = max(3, runs // 4)
-    with PhaseTimer(_phase_table()) as timer:
-        _reach_every_phase()
+    with PhaseTimer(phase_table()) as timer:
+        reach_every_phase()
         for _ in range(3):
             with Sandbox(SandboxSpec()) as sb:
                 sb.exec([TRUE])

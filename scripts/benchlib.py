@@ -74,6 +74,27 @@ SANDBOX_CGROUP_PHASES: dict[int, dict[str, tuple[str, str]]] = {
         "cgroup: kill_all (freeze, SIGKILL, thaw, wait empty)":
             ("karotte.cgroups.v2", "_V2Cgroup.kill_all")},
 }
+# The steps a sandbox on an image takes that one on the host's userland does not (the
+# overlay itself init lays, inside "wait for READY"). scripts/bench_image_sandbox.py times
+# them with SANDBOX_PHASES, on an image named by its source reference and by a name.
+IMAGE_SANDBOX_PHASES: dict[str, tuple[str, str]] = {
+    "create: image: resolve_root (the tree, its config and the lease)":
+        ("karotte.imageroot", "resolve_root"),
+    "create: image: the store's record of it (Store.open_image)":
+        ("karotte.images.store", "Store.open_image"),
+    "create: image: of which a cache-hit import, its records rewritten and fsynced "
+    "(Store.import_image, a source reference only)": ("karotte.images.store", "Store.import_image"),
+    "create: image: of which the config blob read (Store._image)":
+        ("karotte.images.store", "Store._image"),
+    "create: image: the tree's shared lock, the lease (Store._hold)":
+        ("karotte.images.store", "Store._hold"),
+    "create: plan, idmapped tree and CONFIG sent (_send_config)":
+        ("karotte.sandbox", "_Core._send_config"),
+    "create: image: idmapped tree (open_tree + mount_setattr, idmapped_tree)":
+        ("karotte.imageroot", "idmapped_tree"),
+    "create: image: of which each syscall through ctypes (_syscall)":
+        ("karotte.imageroot", "_syscall"),
+}
 EPISODE_PHASES: dict[str, tuple[str, str]] = {
     "sandbox create": ("karotte.sandbox", "Sandbox.__init__"),
     "sandbox exec": ("karotte.sandbox", "Sandbox.exec"),
@@ -385,11 +406,13 @@ def main(argv: list[str] | None, *, doc: str, script: str, cases: tuple[str, ...
          add_options: Callable[[argparse.ArgumentParser], None],
          plan: Callable[[argparse.ArgumentParser, argparse.Namespace, Callable],
                         tuple[dict, dict[str, Callable[[], dict]]]],
-         goals: Callable[[dict], list[Goal]], render: Callable[[dict], str]) -> int:
+         goals: Callable[[dict], list[Goal]], render: Callable[[dict], str],
+         facts: Callable[[], dict] | None = None) -> int:
     """A benchmark's command line: its own options (add_options), then --cases, --json
     and --quiet. plan(ap, args, log) checks the options and returns those to record and
     a runner per case; the selected cases run in order, each with the host's other load
-    measured, then the summary is printed and the JSON written."""
+    measured; facts() (what the cases set up, such as the image they ran on) joins the
+    result; then the summary is printed and the JSON written."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_options(ap)
@@ -418,6 +441,8 @@ def main(argv: list[str] | None, *, doc: str, script: str, cases: tuple[str, ...
             result["cases"][name] = runners[name]()
             result["cases"][name]["host_load"] = load.done()
     result["seconds"] = time.perf_counter() - t0
+    if facts is not None:
+        result.update(facts())
     result["goals"] = [asdict(g) for g in goals(result["cases"])]
     text = render(result)
     print(text, end="")

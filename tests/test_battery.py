@@ -45,3 +45,15 @@ def test_the_files_inside_a_directory_deliverable_are_attacked_and_a_hole_in_one
     assert not hole.passed and "more than the null agent" in hole.why
     held = results["symlink-hidden:pkg/__init__.py"]
     assert held.passed and held.violations == ("pkg/__init__.py: symlink",)
+
+
+def test_an_absolute_deliverable_of_an_image_is_attacked_where_it_is(monkeypatch):
+    # On an image a deliverable may be a path of the agent's diff (/etc/issue): attacks on
+    # /workspace/etc/issue would test nothing of what the grader reads.
+    from envs.diff import DiffReports
+    monkeypatch.setattr(DiffReports, "image", "dir:/srv/tree")
+    monkeypatch.setattr(DiffReports, "deliverables", ("/etc/issue",))
+    at_it = [a for a in attacks_for(DiffReports(), 1) if a.name.endswith(":/etc/issue")]
+    assert {"symlink-hidden:/etc/issue", "fifo:/etc/issue"} <= {a.name for a in at_it}
+    commands = " ".join(c for a in at_it for c in a.commands)
+    assert "/etc/issue" in commands and "/workspace/etc" not in commands

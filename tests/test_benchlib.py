@@ -64,6 +64,7 @@ def test_a_phase_that_no_call_reached_raises_with_the_phase_name(timed_module):
 
 
 @pytest.mark.parametrize("table", [benchlib.SANDBOX_PHASES, benchlib.EPISODE_PHASES,
+                                   benchlib.IMAGE_SANDBOX_PHASES,
                                    *benchlib.SANDBOX_CGROUP_PHASES.values()])
 def test_every_name_in_the_tables_exists_in_karotte(table):
     # Every name resolves (no LookupError); with no call made, the exit says so.

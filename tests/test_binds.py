@@ -130,3 +130,36 @@ def test_an_unprivileged_callers_writable_bind_is_written_as_the_caller_itself(s
     assert r.returncode == 0 and r.stdout.split() == [str(AGENT_UID), "0"], r.stderr + r.stdout
     st = os.stat(os.path.join(shared_dir, "out"))
     assert (st.st_uid, st.st_gid) == (nobody, nobody)
+
+
+@pytest.mark.cgroup2  # the VM lane's 6.1 and 6.12 too
+def test_a_bind_that_follows_no_symlinks_shows_each_link_and_resolves_none(
+        no_leaks, shared_dir):
+    # What the grader's /changes is: a tree of another's links (a relative one, an
+    # absolute one to a file every sandbox has, one to a directory on the way).
+    with open(os.path.join(shared_dir, "file"), "w") as f:
+        f.write("the file itself\n")
+    os.symlink("file", os.path.join(shared_dir, "relative"))
+    os.symlink("/etc/hostname", os.path.join(shared_dir, "absolute"))
+    os.symlink("/etc", os.path.join(shared_dir, "dir"))
+    script = ("cat /data/file; for l in relative absolute dir/hostname; do "
+              "cat /data/$l >/dev/null 2>&1 && echo FOLLOWED $l; done; "
+              "readlink /data/relative /data/absolute /data/dir; ls /data/dir/ >/dev/null 2>&1 "
+              "&& echo LISTED; true")
+    spec = SandboxSpec(binds=(Bind(shared_dir, "/data", follow_symlinks=False),))
+    with Sandbox(spec) as sb:
+        r = sb.exec(["sh", "-c", script])
+        assert r.stdout == b"the file itself\nfile\n/etc/hostname\n/etc\n", r
+        r = sb.exec(["python3", "-c", "import os\ntry:\n    os.stat('/data/relative')\n"
+                                      "except OSError as e:\n    print(e.errno)"])
+        assert r.stdout == b"40\n", r  # ELOOP
+    with Sandbox(SandboxSpec(binds=(Bind(shared_dir, "/data"),))) as sb:  # the default follows
+        r = sb.exec(["sh", "-c", script])
+        assert b"FOLLOWED relative\nFOLLOWED absolute\nFOLLOWED dir/hostname\n" in r.stdout, r
+        assert r.stdout.endswith(b"LISTED\n"), r
+
+
+@pytest.mark.parametrize("name", ["writable", "follow_symlinks"])
+def test_a_binds_flags_are_booleans(name):
+    with pytest.raises(BindError, match=f"bind {name} must be True or False, got 'no'"):
+        Bind("/srv", "/data", **{name: "no"})

@@ -349,7 +349,9 @@ def test_to_dict_is_strict_json_of_every_field(no_leaks):
     record = json.loads(json.dumps(outcome.to_dict(), allow_nan=False))
     assert set(record) == {"env", "seed", "reward", "reason", "violations", "violations_dropped",
                            "infra_error", "timings", "log", "details", "details_dropped",
-                           "grader_log"}
+                           "grader_log", "changed_paths", "deleted_paths", "egress",
+                           "grader_egress"}
+    assert (record["changed_paths"], record["deleted_paths"]) == (0, 0)  # no image, no diff
     assert record["violations"] == [{"path": "link", "kind": "symlink", "rule": (
         "D3 file types: only regular files and directories"), "detail": "symlink not allowed"}]
     assert record["log"][0]["tool"] == "bash" and record["log"][0]["exit_code"] == 0

@@ -804,7 +804,7 @@ time.sleep(0.045)
 """ + speed.FAST
 
 
-def test_TIME_DETACH_work_left_to_a_background_process_is_timed_too():
+def test_TIME_DETACH_01_work_left_to_a_background_process_is_timed_too():
     # Not in the catalogue: the run's main process exits at once and a child finishes
     # the work and prints within the host's output drain grace. The host times the run
     # until its last byte of output, not until the main process's exit.

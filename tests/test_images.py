@@ -270,7 +270,7 @@ def flip_byte(path: Path, at: int) -> None:
 
 
 @pytest.mark.parametrize("which", ["layer", "config", "manifest"])
-def test_a_blob_whose_digest_does_not_match_is_refused_naming_it(images, tmp_path, which):
+def test_IMG_DIGEST_01_a_blob_whose_digest_does_not_match_is_refused_naming_it(images, tmp_path, which):
     layout = tmp_path / "L"
     shutil.copytree(images["layout"], layout)
     manifest_path, data = manifest_of(layout)
@@ -285,7 +285,7 @@ def test_a_blob_whose_digest_does_not_match_is_refused_naming_it(images, tmp_pat
     assert os.listdir(tmp_path / "store/tmp") == [] and store.ls() == ()
 
 
-def test_a_layer_whose_diff_id_does_not_match_is_refused_naming_it(images, tmp_path):
+def test_IMG_DIGEST_01_a_layer_whose_diff_id_does_not_match_is_refused_naming_it(images, tmp_path):
     # The layer blob is rewritten with one byte of a file changed and its descriptor and
     # the manifest updated, so every blob digest holds: only the diff_id catches it.
     layout = tmp_path / "L"
@@ -313,7 +313,7 @@ def test_a_layer_whose_diff_id_does_not_match_is_refused_naming_it(images, tmp_p
     assert os.listdir(tmp_path / "store/trees") == []
 
 
-def test_a_corrupt_layer_in_a_legacy_docker_archive_is_caught_by_its_diff_id(images, tmp_path):
+def test_IMG_DIGEST_01_a_corrupt_layer_in_a_legacy_docker_archive_is_caught_by_its_diff_id(images, tmp_path):
     # Legacy layers are named by path, not by digest: the diff_id is the only check.
     archive = tmp_path / "x.tar"
     shutil.copy(images["x"], archive)
@@ -384,7 +384,7 @@ def test_a_nested_index_resolves_to_this_hosts_platform(images, tmp_path):
         Store(str(tmp_path / "store2")).import_image(f"oci:{layout}:m")
 
 
-def test_a_blob_digest_that_is_no_sha256_is_refused_before_any_path_is_made(images, tmp_path):
+def test_IMG_DIGEST_01_a_blob_digest_that_is_no_sha256_is_refused_before_any_path_is_made(images, tmp_path):
     layout = tmp_path / "L"
     shutil.copytree(images["layout"], layout)
     top = json.loads((layout / "index.json").read_text())

@@ -378,7 +378,7 @@ def test_FS_TOCTOU_01_directory_swapped_for_a_link_to_a_host_dir_is_not_entered(
 
 def test_FS_TOCTOU_01_file_that_grows_while_copied_is_cut_at_the_checked_size_and_rejected(
         no_leaks, dest, monkeypatch):
-    real_copy = scan._Walk._copy_range
+    real_copy = scan.Walk._copy_range
     copied = []
 
     def growing_copy(self, src, out, size, raw):
@@ -388,7 +388,7 @@ def test_FS_TOCTOU_01_file_that_grows_while_copied_is_cut_at_the_checked_size_an
         return copied[-1]
 
     with planted("printf 0123456789 > grows.txt") as sb:
-        monkeypatch.setattr(scan._Walk, "_copy_range", growing_copy)
+        monkeypatch.setattr(scan.Walk, "_copy_range", growing_copy)
         result = scan_and_copy(sb.workspace_fd, dest)
     assert copied == [10]  # never past the size fstat showed
     v = only(result, "grows.txt")

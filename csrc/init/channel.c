@@ -41,13 +41,15 @@ int out_send_fds(struct out *o, const int *fds, int nfds)
     struct iovec iov = {o->buf, o->len};
     struct msghdr mh = {0};
     union {
-        char buf[CMSG_SPACE(sizeof(int) * (1 + MAX_LISTEN))];
+        char buf[CMSG_SPACE(sizeof(int) * (2 + MAX_LISTEN))];
         struct cmsghdr align;
     } ctl;
     mh.msg_iov = &iov;
     mh.msg_iovlen = 1;
-    if (nfds > 1 + MAX_LISTEN)
+    if (nfds > 2 + MAX_LISTEN) {
+        errno = EINVAL;
         return -1;
+    }
     if (nfds > 0) {
         memset(&ctl, 0, sizeof(ctl));
         mh.msg_control = ctl.buf;

@@ -28,6 +28,8 @@
 #define OLDROOT "/oldroot" /* the host's tree while the sandbox's root is built */
 #define LOWER "/lower"     /* on an image: the overlay's lower, in the staging root */
 #define LAYER "/layer"     /* on an image: the tmpfs of its upper and work, in the staging root */
+#define CHANGES "/changes" /* on an image: the vetted diff laid over the tree (KM_LAYER) */
+#define POINTS "/points"   /* on an image: the layer of the plan's mount points, over them all */
 #define MAX_EXECS 64
 #define MAX_RLIMITS 16
 #define MAX_LISTEN 4 /* egress listeners: the forward proxy and up to 3 upstreams */
@@ -42,8 +44,11 @@ struct config {
     struct kp_rlimit rlimits[MAX_RLIMITS];
     int n_rlimits;
     int loopback;
-    int tree_fd; /* the image's tree as a detached idmapped mount (KP_CONFIG's fd), or -1 */
-    int image;   /* the root is an overlay of an image (KM_OVERLAY): it stays writable */
+    int tree_fd;  /* the image's tree as a detached idmapped mount (KP_CONFIG's fd), or -1 */
+    int layer_fd; /* the vetted diff likewise (KP_CONFIG's second fd), or -1 */
+    const char *layer; /* KM_LAYER's src, the vetted diff's host path, or NULL */
+    int upper_fd; /* the overlay's upper directory, for the host with KP_READY, or -1 */
+    int image;    /* the root is an overlay of an image (KM_OVERLAY): it stays writable */
 };
 
 /* What an exec's child writes to its errpipe when it fails before execve. */
@@ -66,7 +71,7 @@ void out_init(struct out *o, uint32_t type, uint32_t id);
 void out_rec(struct out *o, uint32_t tag, const void *data, uint32_t len);
 void out_u32(struct out *o, uint32_t tag, uint32_t v);
 int out_send(struct out *o, int fd_to_pass);
-int out_send_fds(struct out *o, const int *fds, int nfds);
+int out_send_fds(struct out *o, const int *fds, int nfds); /* at most 2 + MAX_LISTEN */
 void send_error(uint32_t type, uint32_t id, uint32_t step, int err, const char *fmt, ...);
 void __attribute__((noreturn)) setup_fail(uint32_t step, const char *fmt, ...);
 int next_record(const char **pos, const char *end, uint32_t *tag, const char **data,
@@ -75,13 +80,16 @@ ssize_t recv_msg(int *fds, int *nfds);
 
 /* mounts.c */
 void enter_staging(void);
-void do_mount(const struct kp_mount *m, const char *src, const char *dst, uint32_t srclen);
+int mount_record(const char *data, uint32_t rlen, struct kp_mount *m, const char **src,
+                 const char **dst, uint32_t *srclen);
+void do_mount(const struct kp_mount *m, const char *src, const char *dst, uint32_t srclen,
+              const char *rest, const char *end);
 void enter_root(void);
 
 /* net.c */
 int set_listeners(const char *data, uint32_t len);
 void bring_up_loopback(void);
-int ready_fds(int ws, int *fds);
+int ready_fds(int *fds, int n); /* the listeners after fds[0..n): the new count */
 void close_listeners(void);
 
 /* agent.c */

@@ -72,20 +72,13 @@ static void apply_config(const char *msg, size_t len)
             break;
         case KT_MOUNT: {
             struct kp_mount m;
-            if (rlen < sizeof(m))
+            const char *src, *dst;
+            uint32_t srclen;
+            if (mount_record(data, rlen, &m, &src, &dst, &srclen) < 0)
                 goto bad;
-            memcpy(&m, data, sizeof(m));
-            const char *src = data + sizeof(m);
-            size_t rest = rlen - sizeof(m);
-            /* KM_FILE carries m.size bytes of content, then dst; others src\0dst\0 */
-            size_t srclen = m.op == KM_FILE ? m.size : strnlen(src, rest) + 1;
-            if (srclen >= rest)
-                goto bad;
-            const char *dst = src + srclen;
-            size_t dstlen = strnlen(dst, rest - srclen);
-            if (dstlen == rest - srclen || dst[0] != '/')
-                goto bad;
-            do_mount(&m, src, dst, (uint32_t)srclen);
+            /* The records after this one: on an image, the overlay makes their mount
+             * points first (mounts.c, points_layer). */
+            do_mount(&m, src, dst, srclen, pos, end);
             break;
         }
         default:
@@ -121,9 +114,12 @@ int main(void)
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 
     ssize_t n = recv_msg(fds, &nfds);
-    /* The config's one fd, if any, is the image's tree (KM_OVERLAY takes it). */
+    /* The config's fds, if any, are the image's tree (KM_OVERLAY takes it) and the vetted
+     * diff laid over it (KM_LAYER). */
     cfg.tree_fd = nfds > 0 ? fds[0] : -1;
-    for (int i = 1; i < nfds; i++)
+    cfg.layer_fd = nfds > 1 ? fds[1] : -1;
+    cfg.upper_fd = -1;
+    for (int i = 2; i < nfds; i++)
         close(fds[i]);
     if (n <= 0)
         _exit(1); /* host went away before configuring us */
@@ -143,6 +139,8 @@ int main(void)
     apply_config(config, (size_t)n);
     if (cfg.tree_fd >= 0) /* a tree with no overlay in the plan */
         close(cfg.tree_fd);
+    if (cfg.layer_fd >= 0)
+        close(cfg.layer_fd);
     if (!cfg.nested && setgroups(0, NULL) < 0)
         setup_fail(KS_SETGROUPS, "drop supplementary groups");
     enter_root();
@@ -185,17 +183,21 @@ int main(void)
             setup_fail(KS_SECCOMP_LOAD, "load seccomp filter");
     }
 
-    /* Hand the host a directory fd of the workspace: it keeps the tmpfs reachable
-     * for the scanner after every process inside is gone. */
-    int ws = open("/workspace", O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-    if (ws < 0)
+    /* Hand the host a directory fd of the workspace, and on an image one of the overlay's
+     * upper (opened before the pivot detached it): they keep both tmpfs reachable for
+     * custody's scan after every process inside is gone. Then the egress listeners, for
+     * the host's proxy to accept on. init keeps none of them. */
+    int ready[2 + MAX_LISTEN] = {open("/workspace", O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW),
+                    cfg.upper_fd};
+    if (ready[0] < 0)
         setup_fail(KS_WORKSPACE, "open /workspace");
     struct out o;
     out_init(&o, KP_READY, 0);
-    int ready[1 + MAX_LISTEN];
-    if (out_send_fds(&o, ready, ready_fds(ws, ready)) < 0)
+    if (out_send_fds(&o, ready, ready_fds(ready, cfg.upper_fd >= 0 ? 2 : 1)) < 0)
         _exit(1);
-    close(ws);
+    close(ready[0]);
+    if (cfg.upper_fd >= 0)
+        close(cfg.upper_fd);
     close_listeners();
     serve();
     return 0;

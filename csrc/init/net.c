@@ -61,12 +61,12 @@ void bring_up_loopback(void)
         listen_fds[i] = make_listener(listen_ports[i]);
 }
 
-/* The fds KP_READY carries: the workspace's, then the listeners in KT_LOOPBACK's order. */
-int ready_fds(int ws, int *fds)
+/* The fds KP_READY carries after the workspace's (and the upper's): the listeners in
+ * KT_LOOPBACK's order. */
+int ready_fds(int *fds, int n)
 {
-    fds[0] = ws;
-    memcpy(fds + 1, listen_fds, sizeof(int) * (size_t)n_listen);
-    return 1 + n_listen;
+    memcpy(fds + n, listen_fds, sizeof(int) * (size_t)n_listen);
+    return n + n_listen;
 }
 
 /* Once they are the host's: init keeps no copy an agent's process could accept on. */

@@ -64,7 +64,10 @@ def _spec_from_args(args: argparse.Namespace, timeout: float | None = None) -> S
     if timeout is not None and "timeout" not in given:
         given["timeout"] = timeout
     try:
-        network = parse_policy(args.allow) if args.allow else args.net
+        if args.net == "ip":
+            network = parse_policy(args.allow, mode="ip")
+        else:
+            network = parse_policy(args.allow) if args.allow else args.net
     except EgressConfigError as exc:
         raise ValueError(f"--allow: {exc}") from None
     try:
@@ -145,11 +148,15 @@ def _add_limit_options(p: argparse.ArgumentParser, timeout_default: float) -> No
                    help="who runs the command: agent (uid 1000, no capabilities, the "
                         "default) or root (uid 0 of the sandbox's user namespace with only "
                         "the file-ownership capabilities, for package managers and chown)")
-    p.add_argument("--net", choices=["none"], default="none",
-                   help="network: none = a private network namespace with loopback only")
+    p.add_argument("--net", choices=["none", "ip"], default="none",
+                   help="network: none = a private network namespace with loopback only "
+                        "(--allow adds the egress proxy); ip = a veth whose packets reach "
+                        "only the --allow addresses and ports, TCP and UDP (root only)")
     p.add_argument("--allow", action="append", default=[], metavar="HOST[:PORT]",
                    help="reach HOST (NAME, *.SUFFIX, an IP address; ports 80 and 443 unless "
-                        "given) through the host-side egress proxy; repeatable (docs/egress.md)")
+                        "given) through the host-side egress proxy, or with --net ip by "
+                        "address (NAME resolved on the host at start, or an IP address); "
+                        "repeatable (docs/egress.md)")
     p.add_argument("--bind", action="append", default=[], metavar="SRC:DST[:ro|rw]",
                    help="make a host path visible inside, read-only unless :rw; repeatable. "
                         "DST may be /workspace (the host directory replaces the workspace) "
@@ -182,6 +189,8 @@ def _output_json(name: str, data: bytes) -> dict:
 
 def _result_json(result: ExecResult) -> dict:
     out = dataclasses.asdict(result)
+    # the exec's own record, bounded (docs/egress.md, "The record of each exec")
+    out["egress"] = result.egress.to_dict() if result.egress is not None else None
     out.update(_output_json("stdout", result.stdout))
     out.update(_output_json("stderr", result.stderr))
     return out
@@ -273,10 +282,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
         with sandbox:
             result = sandbox.exec(args.command, stdin=stdin, env=env, cwd=cwd,
                                   on_output=None if args.json else stream)
-            egress = sandbox.egress_record()
         if args.json:
-            print(json.dumps({**_result_json(result), **(
-                {"egress": egress.to_dict()} if egress is not None else {})}), flush=True)
+            print(json.dumps(_result_json(result)), flush=True)
     except BrokenPipeError:
         return _stdout_gone()
     except KarotteError as exc:  # the sandbox broke under the command
@@ -454,9 +461,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
     for leftover in leftovers:  # one at a time: each line as soon as its removal ends
         (done,) = gc.remove([leftover], dry_run=args.dry_run)
         # One leftover is one line: a cgroup is a directory in each hierarchy (memory,
-        # pids, cpu, freezer, ...), removed together.
+        # pids, cpu, freezer, ...), removed together; an ip-mode sandbox's network is its
+        # nft table and maybe its veth.
         cgroup = leftover.kind == gc.CGROUP
-        what = f"{leftover.kind} {leftover.name if cgroup else leftover.paths[0]}"
+        what = f"{leftover.kind} {leftover.name if cgroup else ', '.join(leftover.paths)}"
         where = f" ({len(leftover.paths)} hierarchies)" if cgroup else ""
         if args.dry_run:
             print(f"would remove {what}{where}")

@@ -7,7 +7,10 @@ An entry of `allow` is one of
     *[:PORTS]          every name (never an address: those are listed one by one)
     ADDRESS[:PORTS]    an IPv4 address, [IPv6], or a network such as 10.0.0.0/8 or [fd00::/8]
 
-with PORTS a port, or `*` for any; without it, 80 and 443. An address is reachable only
+with PORTS a port, or `*` for any; without it, 80 and 443. mode "proxy" (the default)
+reaches them through the host-side proxy; mode "ip" (root only, karotte/egress/ip.py)
+routes the sandbox's packets to the addresses, TCP and UDP, by nftables rules: names only
+(resolved on the host at start), no wildcards, no upstreams. An address is reachable only
 when an entry lists it: as an IP literal, and as what an allowed name resolves to when it
 is loopback, link-local, private or cloud metadata (karotte/egress/check.py).
 
@@ -209,6 +212,7 @@ class EgressPolicy:
     rules: tuple[Rule, ...] = ()
     upstreams: tuple[Upstream, ...] = ()
     limits: EgressLimits = EgressLimits()
+    mode: str = "proxy"  # or "ip": a veth and nftables rules (karotte/egress/ip.py)
 
     def allows_name(self, name: str, port: int) -> bool:
         return any(rule.matches_name(name, port) for rule in self.rules)
@@ -221,8 +225,11 @@ class EgressPolicy:
 
 
 def parse_policy(allow: Iterable[str] = (), upstreams: Mapping[str, object] | None = None,
-                 limits: EgressLimits | None = None) -> EgressPolicy:
+                 limits: EgressLimits | None = None, mode: str = "proxy") -> EgressPolicy:
     """The one entry point: an allow-list, named upstreams and limits -> EgressPolicy."""
+    if mode not in ("proxy", "ip"):
+        raise EgressConfigError(f"mode is 'proxy' (the host-side proxy) or 'ip' (a veth "
+                                f"with nftables rules, root only), not {mode!r}")
     if isinstance(allow, str):
         raise EgressConfigError(f"allow is a list of entries, not the string {allow!r}: "
                                 f"write [{allow!r}]")
@@ -230,6 +237,27 @@ def parse_policy(allow: Iterable[str] = (), upstreams: Mapping[str, object] | No
         raise EgressConfigError(f"limits is an EgressLimits, not {limits!r}")
     if upstreams is not None and not isinstance(upstreams, Mapping):
         raise EgressConfigError(f"upstreams maps names to URLs, not {upstreams!r}")
-    return EgressPolicy(tuple(parse_rule(entry) for entry in allow),
-                        tuple(parse_upstream(k, v) for k, v in (upstreams or {}).items()),
-                        limits or EgressLimits())
+    policy = EgressPolicy(tuple(parse_rule(entry) for entry in allow),
+                          tuple(parse_upstream(k, v) for k, v in (upstreams or {}).items()),
+                          limits or EgressLimits(), mode)
+    if mode == "ip":
+        _check_ip_mode(policy)
+    return policy
+
+
+def _check_ip_mode(policy: EgressPolicy) -> None:
+    """What the ip mode cannot do: it matches addresses, so a name must be one it can
+    resolve at start, and no packet carries the host-side proxy's upstreams."""
+    if policy.upstreams:
+        raise EgressConfigError("named upstreams are served by the proxy: use mode='proxy' "
+                                "for them (the ip mode routes packets, it adds no TLS or "
+                                "credentials)")
+    for rule in policy.rules:
+        if rule.kind in ("suffix", "any"):
+            raise EgressConfigError(f"allow-list entry {'*.' if rule.kind == 'suffix' else ''}"
+                                    f"{rule.value if rule.kind == 'suffix' else '*'}: the ip "
+                                    "mode matches addresses, so it takes names and addresses, "
+                                    "not wildcards; use mode='proxy' for those")
+        if rule.kind == "network" and ipaddress.ip_network(rule.value).version != 4:
+            raise EgressConfigError(f"allow-list entry {rule.value}: the ip mode gives the "
+                                    "sandbox IPv4 only; list IPv4 addresses")

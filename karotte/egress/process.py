@@ -43,6 +43,14 @@ class ProcessSession:
             return self._last
         return self._owner._call("record", self._number)
 
+    def mark(self) -> tuple[int, int]:
+        """As EgressSession.mark, while the session is open (a round trip)."""
+        return self._owner._call("mark", self._number)
+
+    def since(self, mark: tuple[int, int], limit: int) -> EgressRecord:
+        """As EgressSession.since, while the session is open (a round trip)."""
+        return self._owner._call("since", self._number, mark, limit)
+
     def close(self, wait: bool = False) -> None:
         """Stop serving the sandbox's listeners; idempotent. The record stays readable."""
         if not self._closed:
@@ -141,6 +149,10 @@ def serve_channel(fd: int) -> None:
                 value = None
             elif op == "record":
                 value = sessions[number].record()
+            elif op == "mark":
+                value = sessions[number].mark()
+            elif op == "since":
+                value = sessions[number].since(*args)
             else:  # close
                 session = sessions.pop(number)
                 session.close(wait=True)

@@ -7,7 +7,8 @@ in `dropped`, so a flood of refused requests cannot grow the trainer's memory.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+
+from ..results import EgressRecord, Reach  # plain data, also in a grader's ctx.run results
 
 # The closed set of Reach.reason. "ok": allowed and ended normally.
 REASONS = frozenset({
@@ -30,33 +31,6 @@ REASONS = frozenset({
     "idle",  # nothing carried for EgressLimits.idle_timeout
 })
 MAX_REACHES = 1000
-
-
-@dataclass(frozen=True)
-class Reach:
-    """One destination the agent asked for, and what came of it."""
-
-    via: str  # "connect" (a tunnel), "http" (a plain request) or "upstream:NAME"
-    host: str
-    port: int
-    allowed: bool  # the check's decision
-    reason: str  # of REASONS: "ok", why it was refused, or why an allowed one was cut
-    bytes_sent: int  # agent -> destination
-    bytes_received: int  # destination -> agent
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class EgressRecord:
-    reaches: tuple[Reach, ...] = ()
-    dropped: int = 0  # entries past MAX_REACHES, not held
-
-    @property
-    def refused(self) -> tuple[Reach, ...]:
-        return tuple(r for r in self.reaches if not r.allowed)
-
-    def to_dict(self) -> dict:
-        return {"reaches": [r.__dict__.copy() for r in self.reaches], "dropped": self.dropped}
 
 
 class Entry:
@@ -102,3 +76,17 @@ class Log:
     def snapshot(self) -> EgressRecord:
         with self._lock:
             return EgressRecord(tuple(e.freeze() for e in self._entries), self._dropped)
+
+    def mark(self) -> tuple[int, int]:
+        """Where the log is now: (entries held, entries seen), for since()."""
+        with self._lock:
+            return len(self._entries), len(self._entries) + self._dropped
+
+    def since(self, mark: tuple[int, int], limit: int) -> EgressRecord:
+        """The entries opened after mark, at most `limit` held, the rest counted. The log
+        only appends, and past MAX_REACHES only counts, so the entries held past mark's
+        are exactly the new ones it holds."""
+        held, seen = mark
+        with self._lock:
+            new = tuple(e.freeze() for e in self._entries[held:held + limit])
+            return EgressRecord(new, len(self._entries) + self._dropped - seen - len(new))

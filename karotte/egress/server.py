@@ -40,6 +40,15 @@ class EgressSession:
         """What the sandbox reached so far (safe from any thread)."""
         return self._gate.log.snapshot()
 
+    def mark(self) -> tuple[int, int]:
+        """Where the record is now, for since() (safe from any thread)."""
+        return self._gate.log.mark()
+
+    def since(self, mark: tuple[int, int], limit: int) -> EgressRecord:
+        """What the sandbox reached after mark: at most `limit` reaches, the rest counted
+        (an exec's record, ExecResult.egress)."""
+        return self._gate.log.since(mark, limit)
+
     def close(self, wait: bool = False) -> None:
         """Stop accepting and cut every open connection; idempotent. The proxy's loop
         does it at once; the caller waits for it only with wait=True (a sandbox's

