@@ -97,6 +97,24 @@ def test_a_second_import_is_a_cache_hit_that_extracts_nothing(images, tmp_path):
     assert elapsed < 1.0, f"three cache hits took {elapsed:.3f} s"
 
 
+def test_a_cache_hit_writes_no_record_and_keeps_when_the_image_was_recorded(images, tmp_path):
+    # Every sandbox on a source ref leases through import_image: rewriting and syncing its
+    # records each time was 1 ms of each start (docs/benchmarks.md).
+    store = Store(str(tmp_path / "s"))
+    first = store.import_image(ref_of(images), name="t/once")
+    records = [os.path.join(d, f) for top in ("sources", "refs")
+               for d, _, fs in os.walk(tmp_path / "s" / top) for f in fs]
+    assert len(records) == 2
+    stamps = [os.stat(r).st_mtime_ns for r in records]
+    time.sleep(0.01)
+    again = store.import_image(ref_of(images), name="t/once")
+    store.open_image(ref_of(images))
+    assert [os.stat(r).st_mtime_ns for r in records] == stamps
+    assert again.created == first.created and again.tree == first.tree
+    other = store.import_image(f"oci:{images['zstd']}:t", name="t/once")  # a new source
+    assert other.source != first.source and other.created > first.created
+
+
 IMPORT_AT_ONCE = """
 import json, os, sys
 from karotte.images import Store

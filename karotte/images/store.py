@@ -231,10 +231,10 @@ class Store:
                 with oci.open_source(ref) as source:
                     record, held = self._from_source(source, oci.read_image(source, ref), say)
             try:  # the tree stays held until a name refers to it: gc cannot take it between
-                record = {**record, "source": str(ref), "created": time.time()}
-                self._write_record(self._path("sources", _source_key(ref)), record)
+                record = self._record_once(self._path("sources", _source_key(ref)),
+                                           {**record, "source": str(ref)})
                 if name is not None:
-                    self._write_record(self._path("refs", name), {**record, "name": name})
+                    self._record_once(self._path("refs", name), {**record, "name": name})
             finally:
                 os.close(held)
         return self._image(record, name)
@@ -368,6 +368,20 @@ class Store:
         write_file(tmp, json.dumps(record, indent=1, sort_keys=True))
         os.rename(tmp, path)
         fsync_dir(os.path.dirname(path))
+
+    def _record_once(self, path: str, record: dict) -> dict:
+        """record at path, written with the time unless what is there already says the
+        same: a cache hit (every sandbox on a source ref leases through one) then writes
+        and syncs nothing, which was 1 ms of each such sandbox's start (docs/benchmarks.md)."""
+        def timeless(r: dict) -> dict:
+            return {k: v for k, v in r.items() if k != "created"}
+
+        old = self._read_record(path)
+        if old is not None and timeless(old) == timeless(record):
+            return old
+        record = {**timeless(record), "created": time.time()}
+        self._write_record(path, record)
+        return record
 
     def _read_record(self, path: str) -> dict | None:
         try:
