@@ -40,6 +40,8 @@ ENV_IMAGE_DIR = "KAROTTE_IMAGE_DIR"
 ROOT_IMAGE_DIR = "/var/lib/karotte/images"
 NOBODY = 65534
 _CHUNK = 1 << 20
+# Parsed image configs by blob digest: content-addressed, so one parse serves the process.
+_CONFIGS: dict[str, dict] = {}
 
 
 class ImageNotFound(ImageError):
@@ -394,8 +396,12 @@ class Store:
                              f"and import the image again") from None
 
     def _image(self, record: dict, name: str | None) -> Image:
-        with open(self.layers.path(record["config_digest"]), "rb") as f:
-            config = oci.config_json(f.read(oci.MAX_JSON), record["source"])
+        digest = record["config_digest"]
+        config = _CONFIGS.get(digest)
+        if config is None:  # a blob is its digest's for good: parsed once per process
+            with open(self.layers.path(digest), "rb") as f:
+                config = _CONFIGS[digest] = oci.config_json(f.read(oci.MAX_JSON),
+                                                           record["source"])
         run = config.get("config") or {}
         return Image(
             name=name, source=record["source"], chain_id=record["chain_id"],
@@ -437,6 +443,13 @@ class Store:
                 raise ImageNotFound(f"the tree of {ref} is gone from {self.root} (removed by "
                                     f"hand?); import it again from {record['source']}")
             return self._image(record, name)
+        if ref.kind == "debian":  # built once per source and never again (_debian): the
+            # record is the image, read as a name's is, with no lock or write (a lease
+            # holds the tree, or imports again if gc took it meanwhile)
+            with contextlib.suppress(ImageNotFound):
+                record, name = self._record(ref)
+                if os.path.isdir(self._path("trees", record["tree"])):
+                    return self._image(record, name)
         return self.import_image(ref)
 
     def holds(self, ref_or_name: ImageRef | str) -> bool:
