@@ -6,7 +6,9 @@ then imports like any other: `dir:` trees and `debian:` builds by mmdebstrap.
   or a hard link out of the tree is refused there as in any image.
 - A `debian:` build runs mmdebstrap (`--variant=apt --include=...`), in `unshare` mode
   when the caller is root, so that maintainer scripts run as no host root;
-  `--skip=output/dev` keeps device nodes out of the tar.
+  `--skip=output/dev` keeps device nodes out of the tar. As root it runs in a network
+  namespace whose only way out is the egress proxy, allowing Debian's archive and
+  `$KAROTTE_BUILD_ALLOW` (karotte/build_network.py, EGRESS-BUILD-01).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import shutil
 import subprocess
 import tarfile
 
+from ..build_network import run_build
 from ..imageref import ImageRef
 from .oci import ImageError
 
@@ -45,7 +48,8 @@ def debian_layer(ref: ImageRef, out: str) -> None:
     if ref.packages:
         argv.append("--include=" + ",".join(ref.packages))
     argv += [str(ref.suite), out]
-    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
+    # as root, its apt and hooks reach only Debian's archive (karotte/build_network.py)
+    done = run_build(argv, stdin=subprocess.DEVNULL, capture_output=True)
     if done.returncode != 0:
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-5:]
         raise ImageError(f"mmdebstrap failed building {ref} (exit {done.returncode}): "
