@@ -15,7 +15,6 @@ pages dropped from the host's cache before each test, and /opt/cache_link.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -48,6 +47,7 @@ pytestmark = [needs_sandbox(),
 HELPERS = Path(__file__).resolve().parent / "helpers"
 PROJECT = Path(__file__).resolve().parent.parent
 bench = load_script("bench_side_channels")
+userland = bench.userland  # the graded program's image: the shared tree or a private copy
 
 PAGES = 256
 MIN_LINKED_SPEEDUP = 20.0  # the timed run answered at once: 335x here
@@ -192,21 +192,11 @@ def _peek(sandbox: Sandbox) -> str:
     return r.stdout.decode().strip()
 
 
-@contextlib.contextmanager
-def _userland(tree: str, private: bool):
-    """The graded program's image: the shared tree, or a private copy of it."""
-    if not private:
-        yield f"dir:{tree}"
-        return
-    with private_tree(f"dir:{tree}") as copy:
-        yield copy.image
-
-
 @pytest.mark.parametrize("private", [False, True], ids=["shared-control", "private"])
 def test_LINK_SIBLING_02_a_graded_program_marks_nothing_that_a_live_sibling_reads_in_the_page_cache(
         no_leaks, nothing_left, any_link_tree, private):
     tree, _ = any_link_tree
-    with Sandbox(SandboxSpec(image=f"dir:{tree}")) as sibling, _userland(tree, private) as image:
+    with Sandbox(SandboxSpec(image=f"dir:{tree}")) as sibling, userland(tree, private) as image:
         # A copy reads every page of the image's blob (the sibling then sees all cached):
         # what counts is whether the graded program changes what the sibling reads.
         before = _peek(sibling)
@@ -227,7 +217,7 @@ def test_LINK_SIBLING_02_a_graded_program_wakes_no_futex_that_a_live_sibling_wai
     # A futex on a page of a file is keyed by the file's inode: the sibling waits on the
     # first word of the image's blob, the graded program wakes that word of its own blob.
     tree, _ = link_tree
-    with Sandbox(SandboxSpec(image=f"dir:{tree}")) as sibling, _userland(tree, private) as image, \
+    with Sandbox(SandboxSpec(image=f"dir:{tree}")) as sibling, userland(tree, private) as image, \
             Sandbox(SandboxSpec(image=image)) as graded:
         heard = {}
         waiter = threading.Thread(target=lambda: heard.update(
