@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import http.server
-import json
 import socket
 import statistics
 import subprocess
@@ -213,10 +212,7 @@ def main() -> int:
                       rows["thread, idle"]["ms/request"] - direct["ms/request"],
                   "create+exec+destroy with the proxy < 0.5 ms more":
                       cycles["proxy"] - cycles["none"]}}
-    print(json.dumps(result, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    benchlib.print_json(result, args.json)
     return 0
 
 

@@ -576,11 +576,12 @@ class BenchImage:
 
 
 @contextlib.contextmanager
-def _userland(image: BenchImage, private: bool):
+def userland(tree: str, private: bool):
+    """A sandbox's image of the tree: the shared tree itself, or a private copy of it."""
     if not private:
-        yield f"dir:{image.tree}"
+        yield f"dir:{tree}"
         return
-    with private_tree(f"dir:{image.tree}") as copy:
+    with private_tree(f"dir:{tree}") as copy:
         yield copy.image
 
 
@@ -594,9 +595,9 @@ def image_run(channel: str, bits: list[int], image: BenchImage, stride: int = 1)
     private = channel.startswith("private-")
     path, pages = _layout(method, len(bits), image.take, stride)
     image.cold()
-    with _userland(image, private) as root, Sandbox(SandboxSpec(image=root)) as sender:
+    with userland(image.tree, private) as root, Sandbox(SandboxSpec(image=root)) as sender:
         sent = send_marks(sender, path, [page for page, bit in zip(pages, bits) if bit])
-    with _userland(image, private) as root, Sandbox(SandboxSpec(image=root)) as receiver:
+    with userland(image.tree, private) as root, Sandbox(SandboxSpec(image=root)) as receiver:
         got = receive_marks(receiver, method, path, pages)
     return _run_of(channel, method, bits, sent, got)
 

@@ -349,6 +349,14 @@ def _version(tool: str) -> str | None:
 
 # --------------------------------------------------------------------------- report
 
+def print_json(result: dict, path: str | None) -> None:
+    """result as indented JSON on stdout, and into the file at path where one is given."""
+    print(json.dumps(result, indent=2))
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)
+
+
 def fmt_ms(v: float | None) -> str:
     if v is None:
         return "-"

@@ -6,6 +6,7 @@ import datetime
 import errno
 import fcntl
 import functools
+import importlib.util
 import os
 import platform
 import resource
@@ -13,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import psutil
 import pytest
@@ -336,3 +338,72 @@ def assert_measured(series: dict) -> None:
     for key in ("median_ms", "p10_ms", "p90_ms", "min_ms", "max_ms"):
         assert stats[key] > 0, (series["name"], key)
     assert stats["p10_ms"] <= stats["median_ms"] <= stats["p90_ms"]
+
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def load_script(name: str):
+    """scripts/<name>.py as a module (scripts/ is no package), loaded once a test run."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def drop_pages(path) -> None:
+    """The host (not a sandbox: there it is a no-op, RES-PAGECACHE-01) drops the file's
+    pages from its page cache."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def make_cold(path) -> None:
+    """Drops the file's (clean) pages from the host's cache, and skips the test unless
+    none stayed, as read from the host by cachestat(2) (bench_side_channels.cached_pages)."""
+    drop_pages(path)
+    try:
+        cached = load_script("bench_side_channels").cached_pages(path)
+    except OSError as e:
+        if e.errno != errno.ENOSYS:
+            raise
+        pytest.skip("this kernel has no cachestat (Linux 6.5+), with which the test reads "
+                    "from the host which pages are cached")
+    if cached:
+        pytest.skip("the file's pages stayed cached after POSIX_FADV_DONTNEED on the host, "
+                    "so no mark could be told from no mark")
+
+
+NOBODY = 65534
+
+
+@contextlib.contextmanager
+def delegated_v1_cgroup(prefix: str):
+    """Within: a cgroup that root hands to uid 65534 (NOBODY) in every v1 hierarchy, as
+    systemd's Delegate=yes would; yields its path for KAROTTE_CGROUP_PARENT. Skips on a
+    v2 host (v2 delegation is the VM lane's, tests/test_cgroup2_lane.py)."""
+    backend = cgroups.detect()
+    if backend.version != 1:
+        pytest.skip("this delegation set-up is for cgroup v1 hosts; v2 delegation is the VM "
+                    "lane's (tests/test_cgroup2_lane.py)")
+    name = f"{prefix}-{os.getpid()}"
+    dirs = sorted({os.path.join(m.point, name) for m in backend.hierarchies.values()})
+    try:
+        for d in dirs:
+            os.mkdir(d)
+            for entry in (d, os.path.join(d, "cgroup.procs"), os.path.join(d, "tasks")):
+                os.chown(entry, NOBODY, NOBODY)
+        yield "/" + name
+    finally:
+        for d in dirs:
+            if not os.path.isdir(d):
+                continue
+            for child in os.listdir(d):
+                if os.path.isdir(os.path.join(d, child)):
+                    cgroups.remove_stale(os.path.join(d, child))
+            os.rmdir(d)

@@ -14,6 +14,7 @@ import subprocess
 import threading
 import zipfile
 
+from karotte import net
 from karotte.egress import EgressProxy, parse_policy, static_resolver
 
 
@@ -126,6 +127,23 @@ def http_server(handler=Handler, directory=None, tls: ssl.SSLContext | None = No
         server.server_close()
 
 
+@contextlib.contextmanager
+def file_server(root, files, tls_names=None):
+    """files ({name: text}) written into the directory root, served over HTTP, or over
+    HTTPS with a self-signed certificate for tls_names (its path in server.cert)."""
+    for name, text in files.items():
+        (root / name).write_text(text)
+    context = None
+    if tls_names is not None:
+        cert, key = make_cert(str(root), tls_names)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+    with http_server(directory=str(root), tls=context) as server:
+        if context is not None:
+            server.cert = cert
+        yield server
+
+
 def make_cert(directory, names):
     """A self-signed certificate for names, made by openssl; (cert, key) paths."""
     cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
@@ -164,20 +182,46 @@ def listener() -> socket.socket:
     return sock
 
 
+def noting_resolver(hosts, asked: list[str]):
+    """A resolver of the table hosts that appends each name it is asked to asked."""
+    table = static_resolver(hosts)
+
+    async def resolve(name, port):
+        asked.append(name)
+        return await table(name, port)
+    return resolve
+
+
+@contextlib.contextmanager
+def sandboxes_proxy(hosts):
+    """Within: an EgressProxy on the table hosts, the one new sandboxes use
+    (net.use_egress_proxy); every name it resolves is kept in its `asked`."""
+    asked: list[str] = []
+    egress = EgressProxy(noting_resolver(hosts, asked))
+    egress.asked = asked
+    old = net.use_egress_proxy(egress)
+    try:
+        yield egress
+    finally:
+        net.use_egress_proxy(old)
+        egress.close()
+
+
 class Gateway:
     """An EgressProxy with a resolver table the test controls; every name the proxy
-    resolves is kept in `asked`."""
+    resolves is kept in `asked`. A context manager: its exit closes every session."""
 
     def __init__(self, hosts):
         self.hosts = dict(hosts)
         self.asked: list[str] = []
-        table = static_resolver(self.hosts)
-
-        async def resolve(name, port):
-            self.asked.append(name)
-            return await table(name, port)
-        self.proxy = EgressProxy(resolve)
+        self.proxy = EgressProxy(noting_resolver(self.hosts, self.asked))
         self.sessions = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def serve(self, allow=(), upstreams=None, limits=None):
         """A session for the policy; (session, proxy URL, {upstream: URL})."""

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from egress_servers import Gateway, http_server, make_cert
+from egress_servers import Gateway, file_server
 from karotte.egress import EgressLimits
 
 NAMES = {"files.test": ["127.0.0.1"], "evil.test": ["127.0.0.1"],
@@ -22,27 +22,20 @@ NAMES = {"files.test": ["127.0.0.1"], "evil.test": ["127.0.0.1"],
 
 @pytest.fixture
 def gateway():
-    gw = Gateway(NAMES)
-    yield gw
-    gw.close()
+    with Gateway(NAMES) as gw:
+        yield gw
 
 
 @pytest.fixture
 def files(tmp_path):
-    (tmp_path / "hello.txt").write_text("hello\n")
-    with http_server(directory=str(tmp_path)) as server:
+    with file_server(tmp_path, {"hello.txt": "hello\n"}) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tls")
-    cert, key = make_cert(str(root), ["files.test", "evil.test"])
-    (root / "hello.txt").write_text("hello over tls\n")
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    with http_server(directory=str(root), tls=context) as server:
-        server.cert = cert
+    with file_server(tmp_path_factory.mktemp("tls"), {"hello.txt": "hello over tls\n"},
+                     tls_names=["files.test", "evil.test"]) as server:
         yield server
 
 

@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from egress_servers import GitHandler, Gateway, http_server, make_cert, make_wheel
+from egress_servers import GitHandler, Gateway, file_server, http_server, make_wheel
 
 pytestmark = pytest.mark.skipif(not shutil.which("curl") or not shutil.which("git"),
                                 reason="curl and git are needed (apt install curl git)")
@@ -28,28 +28,21 @@ NAMES = {"files.test": ["127.0.0.1"], "pypi.test": ["127.0.0.1"], "git.test": ["
 
 @pytest.fixture
 def gateway():
-    gw = Gateway(NAMES)
-    yield gw
-    gw.close()
+    with Gateway(NAMES) as gw:
+        yield gw
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("files")
-    (root / "hello.txt").write_text("hello from files.test\n")
-    with http_server(directory=str(root)) as server:
+    with file_server(tmp_path_factory.mktemp("files"),
+                     {"hello.txt": "hello from files.test\n"}) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tls")
-    cert, key = make_cert(str(root), ["files.test", "evil.test"])
-    (root / "hello.txt").write_text("hello over tls\n")
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    with http_server(directory=str(root), tls=context) as server:
-        server.cert = cert
+    with file_server(tmp_path_factory.mktemp("tls"), {"hello.txt": "hello over tls\n"},
+                     tls_names=["files.test", "evil.test"]) as server:
         yield server
 
 

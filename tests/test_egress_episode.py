@@ -10,13 +10,12 @@ import shlex
 
 import pytest
 
-from egress_servers import http_server
+from egress_servers import file_server, sandboxes_proxy
 from envs.networked import Fetched
 from karotte import net
 from karotte.battery import pick_attacks, redteam
 from karotte.cli.main import main as karotte_main
-from karotte.egress import (EgressConfigError, EgressProcess, EgressProxy, parse_policy,
-                            static_resolver)
+from karotte.egress import EgressConfigError, EgressProcess, parse_policy
 from karotte.environment import Network, check_environment
 from karotte.episode import Episode
 from karotte.grader_runtime import decode_result, encode_result
@@ -32,26 +31,19 @@ SECRET_ARG = "sk-arg-27e4b8c1d5"  # Episode(upstream_headers=...)'s
 
 @pytest.fixture(autouse=True)
 def proxy():
-    egress = EgressProxy(static_resolver(NAMES))
-    old = net.use_egress_proxy(egress)
-    yield egress
-    net.use_egress_proxy(old)
-    egress.close()
+    with sandboxes_proxy(NAMES) as egress:
+        yield egress
 
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
-    root = tmp_path_factory.mktemp("task")
-    (root / "data.txt").write_text("21\n")
-    with http_server(directory=str(root)) as server:
+    with file_server(tmp_path_factory.mktemp("task"), {"data.txt": "21\n"}) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def grader(tmp_path_factory):
-    root = tmp_path_factory.mktemp("grader")
-    (root / "answer.txt").write_text("42\n")
-    with http_server(directory=str(root)) as server:
+    with file_server(tmp_path_factory.mktemp("grader"), {"answer.txt": "42\n"}) as server:
         yield server
 
 

@@ -15,9 +15,9 @@ import threading
 
 import pytest
 
-from egress_servers import GitHandler, http_server, make_wheel
+from egress_servers import GitHandler, file_server, http_server, make_wheel, sandboxes_proxy
 from karotte import net
-from karotte.egress import EgressProxy, parse_policy, static_resolver
+from karotte.egress import parse_policy
 from karotte.sandbox import Sandbox
 from karotte.spec import Bind, SandboxSpec
 
@@ -27,25 +27,14 @@ NAMES = {"files.test": ["127.0.0.1"], "pypi.test": ["127.0.0.1"], "git.test": ["
 
 @pytest.fixture(autouse=True)
 def proxy():
-    asked = []
-    table = static_resolver(NAMES)
-
-    async def resolve(name, port):
-        asked.append(name)
-        return await table(name, port)
-    egress = EgressProxy(resolve)
-    egress.asked = asked
-    old = net.use_egress_proxy(egress)
-    yield egress
-    net.use_egress_proxy(old)
-    egress.close()
+    with sandboxes_proxy(NAMES) as egress:
+        yield egress
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("files")
-    (root / "hello.txt").write_text("hello from the host\n")
-    with http_server(directory=str(root)) as server:
+    with file_server(tmp_path_factory.mktemp("files"),
+                     {"hello.txt": "hello from the host\n"}) as server:
         yield server
 
 

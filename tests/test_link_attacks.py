@@ -16,6 +16,8 @@ from karotte.examples.speedup import MIN_SPEEDUP, Speedup
 
 from envs.speed import TimesWhatItSawBefore
 
+from conftest import drop_pages
+
 SEED = 3
 MARK_FILE_SIZE = 64 * 1024 * 1024  # the cache's file must hold this much at least
 
@@ -113,15 +115,6 @@ def mark_file() -> Path | None:
     return next((p for _, p in reversed(found) if str(p) not in maps), None)
 
 
-def drop_marks(path: Path) -> None:
-    """The host (not a sandbox: there it is a no-op, RES-PAGECACHE-01) drops the pages."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def play(env, solution: str):
     with Episode(env, seed=SEED) as ep:
         ep.reset()
@@ -138,16 +131,16 @@ def test_LINK_CACHE_01_answers_cached_in_the_page_cache_do_not_raise_the_speedup
     solution = CACHED % str(path)
     try:
         # The control: timed on inputs a run of it saw before, the cache answers at once.
-        drop_marks(path)
+        drop_pages(path)
         seen = play(TimesWhatItSawBefore(), solution)
         assert seen.reason == "graded" and seen.reward >= MIN_SPEEDUP, seen.details
         # The example never gives the solution an input twice, in one grading or in a
         # later episode of the same seed (the next epoch's): it computes every timed
         # answer as slowly as the baseline, and scores what the quadratic baseline scores.
-        drop_marks(path)
+        drop_pages(path)
         outcomes = [play(Speedup(), solution) for _ in range(2)]
     finally:
-        drop_marks(path)
+        drop_pages(path)
     for outcome in outcomes:
         assert (outcome.reward, outcome.reason) == (0.0, "graded"), outcome.details
         assert outcome.details["why"] == f"speedup below {MIN_SPEEDUP:g}", outcome.details

@@ -15,9 +15,6 @@ pages dropped from the host's cache before each test, and /opt/cache_link.
 """
 from __future__ import annotations
 
-import contextlib
-import errno
-import importlib.util
 import json
 import os
 import shutil
@@ -40,7 +37,8 @@ from karotte.sandbox import Sandbox
 from karotte.spec import MiB, SandboxSpec
 from karotte.userns import sandbox_owner
 
-from conftest import needs_sandbox
+from conftest import (NOBODY, delegated_v1_cgroup, drop_pages, load_script, make_cold,
+                      needs_sandbox)
 
 pytestmark = [needs_sandbox(),
               pytest.mark.skipif(os.geteuid() != 0, reason="the image is a root-owned tree, "
@@ -48,11 +46,8 @@ pytestmark = [needs_sandbox(),
 
 HELPERS = Path(__file__).resolve().parent / "helpers"
 PROJECT = Path(__file__).resolve().parent.parent
-_BENCH_PATH = PROJECT / "scripts" / "bench_side_channels.py"
-_spec = importlib.util.spec_from_file_location("bench_side_channels", _BENCH_PATH)
-bench = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = bench
-_spec.loader.exec_module(bench)
+bench = load_script("bench_side_channels")
+userland = bench.userland  # the graded program's image: the shared tree or a private copy
 
 PAGES = 256
 MIN_LINKED_SPEEDUP = 20.0  # the timed run answered at once: 335x here
@@ -81,15 +76,6 @@ def cache_link(tmp_path_factory) -> Path:
     return out
 
 
-def _drop(path: str) -> None:
-    """The host (not a sandbox: there it is a no-op) drops the file's pages."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _make_tree(top: str, program: Path) -> str:
     os.chmod(top, 0o755)
     for d in ("data", "opt", "etc"):
@@ -106,26 +92,13 @@ def _make_tree(top: str, program: Path) -> str:
     return blob
 
 
-def _cold(blob: str) -> None:
-    _drop(blob)
-    try:
-        cached = bench.cached_pages(blob)
-    except OSError as e:
-        if e.errno != errno.ENOSYS:
-            raise
-        pytest.skip("this kernel has no cachestat (Linux 6.5+), with which the test reads "
-                    "from the host which pages are cached")
-    if cached:
-        pytest.skip("the blob's pages stayed cached after POSIX_FADV_DONTNEED")
-
-
 @pytest.fixture
 def link_tree(cache_link):
     """(the tree, its blob): on disk, the blob cold."""
     top = tempfile.mkdtemp(prefix="karotte-test-private-", dir="/var/tmp")
     try:
         blob = _make_tree(top, cache_link)
-        _cold(blob)
+        make_cold(blob)
         yield top, blob
     finally:
         shutil.rmtree(top)
@@ -174,7 +147,7 @@ def any_link_tree(request, cache_link):
     top = os.path.join(request.getfixturevalue("xfs_runtime_dir"), "tree")
     os.mkdir(top)
     blob = _make_tree(top, cache_link)
-    _cold(blob)
+    make_cold(blob)
     yield top, blob
 
 
@@ -207,7 +180,7 @@ def test_LINK_CACHE_02_a_check_run_tells_the_timed_run_its_answer_unless_each_ru
     assert shared.reward >= MIN_LINKED_SPEEDUP, shared.details
     assert bench.cached_pages(blob) > 0  # the marks are in the host's cache of the image
     # Each run on a copy of its own: the timed run finds no mark and computes.
-    _drop(blob)
+    drop_pages(blob)
     private = _grade(CheckThenTimedPrivately(), tree, cache_link)
     assert private.reason == "graded" and not private.details["failures"], private
     assert private.reward <= MAX_UNLINKED_SPEEDUP, private.details
@@ -219,21 +192,11 @@ def _peek(sandbox: Sandbox) -> str:
     return r.stdout.decode().strip()
 
 
-@contextlib.contextmanager
-def _userland(tree: str, private: bool):
-    """The graded program's image: the shared tree, or a private copy of it."""
-    if not private:
-        yield f"dir:{tree}"
-        return
-    with private_tree(f"dir:{tree}") as copy:
-        yield copy.image
-
-
 @pytest.mark.parametrize("private", [False, True], ids=["shared-control", "private"])
 def test_LINK_SIBLING_02_a_graded_program_marks_nothing_that_a_live_sibling_reads_in_the_page_cache(
         no_leaks, nothing_left, any_link_tree, private):
     tree, _ = any_link_tree
-    with Sandbox(SandboxSpec(image=f"dir:{tree}")) as sibling, _userland(tree, private) as image:
+    with Sandbox(SandboxSpec(image=f"dir:{tree}")) as sibling, userland(tree, private) as image:
         # A copy reads every page of the image's blob (the sibling then sees all cached):
         # what counts is whether the graded program changes what the sibling reads.
         before = _peek(sibling)
@@ -254,7 +217,7 @@ def test_LINK_SIBLING_02_a_graded_program_wakes_no_futex_that_a_live_sibling_wai
     # A futex on a page of a file is keyed by the file's inode: the sibling waits on the
     # first word of the image's blob, the graded program wakes that word of its own blob.
     tree, _ = link_tree
-    with Sandbox(SandboxSpec(image=f"dir:{tree}")) as sibling, _userland(tree, private) as image, \
+    with Sandbox(SandboxSpec(image=f"dir:{tree}")) as sibling, userland(tree, private) as image, \
             Sandbox(SandboxSpec(image=image)) as graded:
         heard = {}
         waiter = threading.Thread(target=lambda: heard.update(
@@ -437,7 +400,7 @@ def test_on_one_xfs_the_copy_is_a_reflink_whose_pages_are_its_own(xfs_runtime_di
     top = os.path.join(xfs_runtime_dir, "tree")
     os.mkdir(top)
     blob = _make_tree(top, cache_link)
-    _drop(blob)
+    drop_pages(blob)
     with private_tree(f"dir:{top}") as copy:
         assert copy.method == "reflink", copy
         copied = os.path.join(copy.image.removeprefix("dir:"), "data/blob")
@@ -466,30 +429,12 @@ print(json.dumps({"gone": not os.path.exists(os.path.dirname(root))}))
 """
 
 
-NOBODY = 65534
-
-
 @pytest.fixture
 def delegated_parent():
-    """A v1 cgroup that root hands to uid 65534, as systemd's Delegate=yes would."""
-    from karotte import cgroups
-    backend = cgroups.detect()
-    if backend.version != 1:
-        pytest.skip("delegation set-up here is for the v1 host; the v2 lane covers v2")
     if not shutil.which("setpriv"):
         pytest.skip("needs setpriv (util-linux)")
-    name = f"unpriv-private-{os.getpid()}"
-    dirs = sorted({os.path.join(m.point, name) for m in backend.hierarchies.values()})
-    for d in dirs:
-        os.mkdir(d)
-        for entry in [d] + [os.path.join(d, f) for f in ("cgroup.procs", "tasks")]:
-            os.chown(entry, NOBODY, NOBODY)
-    yield "/" + name
-    for d in dirs:
-        for child in os.listdir(d):
-            if os.path.isdir(os.path.join(d, child)):
-                cgroups.remove_stale(os.path.join(d, child))
-        os.rmdir(d)
+    with delegated_v1_cgroup("unpriv-private") as parent:
+        yield parent
 
 
 def test_an_unprivileged_caller_runs_on_a_private_copy_of_its_own_tree(no_leaks, link_tree,

@@ -27,7 +27,8 @@ from karotte.probe.verdicts import VERDICTS, judge
 from karotte.sandbox import AGENT_UID, DEFAULT_UID_BASE, Sandbox
 from karotte.spec import Bind, MiB, SandboxSpec
 
-NOBODY = 65534
+from conftest import NOBODY, delegated_v1_cgroup
+
 PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CGROUP_LINES = ("cgroup-memory", "cgroup-swap", "cgroup-pids", "cgroup-cpu", "cgroup-kill")
 FIELDS = {"name", "enforced", "default", "how", "why_not", "fix"}
@@ -102,27 +103,8 @@ def root_report() -> probe.HostReport:
 
 @pytest.fixture
 def delegated_parent():
-    """A cgroup handed to uid 65534, as systemd's Delegate=yes would (v1 hierarchies)."""
-    backend = cgroups.detect()
-    if backend.version != 1:
-        pytest.skip("this delegation set-up is for cgroup v1 hosts; v2 delegation is the VM "
-                    "lane's (tests/test_cgroup2_lane.py)")
-    name = f"probe-test-{os.getpid()}"
-    dirs = sorted({os.path.join(m.point, name) for m in backend.hierarchies.values()})
-    try:
-        for d in dirs:
-            os.mkdir(d)
-            for entry in (d, os.path.join(d, "cgroup.procs"), os.path.join(d, "tasks")):
-                os.chown(entry, NOBODY, NOBODY)
-        yield "/" + name
-    finally:
-        for d in dirs:
-            if not os.path.isdir(d):
-                continue
-            for child in os.listdir(d):
-                if os.path.isdir(os.path.join(d, child)):
-                    cgroups.remove_stale(os.path.join(d, child))
-            os.rmdir(d)
+    with delegated_v1_cgroup("probe-test") as parent:
+        yield parent
 
 
 # --------------------------------------------------------------------------- the table

@@ -14,8 +14,6 @@ depends on timing. docs/side-channels.md has the whole audit.
 """
 from __future__ import annotations
 
-import errno
-import importlib.util
 import json
 import os
 import random
@@ -34,15 +32,11 @@ from karotte.sandbox import Sandbox
 from karotte.seccomp import SYSCALL_NUMBERS
 from karotte.spec import Bind, MiB, SandboxSpec
 
-from conftest import needs_sandbox, py
+from conftest import load_script, make_cold, needs_sandbox, py
 
 pytestmark = needs_sandbox()
 
-_BENCH_PATH = Path(__file__).resolve().parent.parent / "scripts" / "bench_side_channels.py"
-_spec = importlib.util.spec_from_file_location("bench_side_channels", _BENCH_PATH)
-bench = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = bench
-_spec.loader.exec_module(bench)
+bench = load_script("bench_side_channels")
 
 PAGES = 64
 _rng = random.Random(7)
@@ -62,19 +56,9 @@ def shared_dir():
         with open(blob, "wb") as f:
             f.write(os.urandom(PAGES * 4096))
             f.flush()
-            os.fsync(f.fileno())  # clean pages, which the host's own DONTNEED below drops
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            os.fsync(f.fileno())  # clean pages, which the host's own DONTNEED drops
         os.chmod(blob, 0o666)  # writable through a writable bind, for the kernel's checks
-        try:
-            cached = bench.cached_pages(blob)
-        except OSError as e:
-            if e.errno != errno.ENOSYS:
-                raise
-            pytest.skip("this kernel has no cachestat (Linux 6.5+), which the tests use to "
-                        "read from the host which pages are cached")
-        if cached != 0:
-            pytest.skip("the test file's pages stayed cached after POSIX_FADV_DONTNEED on the "
-                        "host, so no mark could be told from no mark")
+        make_cold(blob)
         yield top
     finally:
         shutil.rmtree(top)
@@ -324,14 +308,13 @@ def test_LINK_CACHE_01_probes_of_the_hosts_usr_fail_with_the_policys_errno(no_le
     assert got["results"] == [{"nowait": "EOPNOTSUPP", "cachestat": "EPERM"}[method]] * 8
 
 
-
 def test_the_benchmark_reports_every_channel_and_nothing_through_the_denied_probes(tmp_path):
     # A smoke run of scripts/bench_side_channels.py: no speed is asserted, only that each
     # channel reports, and that the denied probes decode no bit.
     if os.geteuid() != 0:
         pytest.skip("the benchmark's census of cold pages needs root (cachestat of /usr)")
     out = tmp_path / "channels.json"
-    run = subprocess.run([sys.executable, str(_BENCH_PATH), "--bits", "32", "--runs", "1",
+    run = subprocess.run([sys.executable, bench.__file__, "--bits", "32", "--runs", "1",
                           "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     summary = json.loads(out.read_text())["summary"]

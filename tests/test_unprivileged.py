@@ -10,12 +10,10 @@ import sysconfig
 
 import pytest
 
-from conftest import BPF_JIT_CALLS, SYSCALL_PROBE
-from karotte import cgroups
+from conftest import BPF_JIT_CALLS, NOBODY, SYSCALL_PROBE, delegated_v1_cgroup
 from karotte.protections import CGROUP_LINES
 
 SYSTEM_PYTHON = "/usr/bin/python3"
-NOBODY = 65534
 PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = r"""
@@ -78,22 +76,8 @@ pytestmark = pytest.mark.skipif(_usable() is not None, reason=str(_usable()))
 
 @pytest.fixture
 def delegated_v1_parent():
-    """A cgroup that root hands to uid 65534, as systemd's Delegate=yes would."""
-    backend = cgroups.detect()
-    if backend.version != 1:
-        pytest.skip("delegation set-up here is for the v1 host; the v2 lane covers v2")
-    name = f"unpriv-test-{os.getpid()}"
-    dirs = sorted({os.path.join(m.point, name) for m in backend.hierarchies.values()})
-    for d in dirs:
-        os.mkdir(d)
-        for entry in [d] + [os.path.join(d, f) for f in ("cgroup.procs", "tasks")]:
-            os.chown(entry, NOBODY, NOBODY)
-    yield "/" + name
-    for d in dirs:
-        for child in os.listdir(d):
-            if os.path.isdir(os.path.join(d, child)):
-                cgroups.remove_stale(os.path.join(d, child))
-        os.rmdir(d)
+    with delegated_v1_cgroup("unpriv-test") as parent:
+        yield parent
 
 
 def test_unprivileged_caller_gets_a_working_sandbox_with_agent_uid_1000(delegated_v1_parent):
