@@ -341,10 +341,17 @@ def _show(value) -> str:
     return str(value)
 
 
-def _delete_link(interface: str, alias: str) -> None:
+def _delete_link_once(interface: str, alias: str) -> None:
+    """_delete_link through an IPRoute of this call alone (gc: see _links_once)."""
+    from pyroute2 import IPRoute
+    with IPRoute() as ipr:
+        _delete_link(interface, alias, ipr)
+
+
+def _delete_link(interface: str, alias: str, ipr=None) -> None:
     """Delete the host end (which deletes the peer) if it is still the one named alias."""
     from pyroute2.netlink.exceptions import NetlinkError
-    ipr = _host_iproute()
+    ipr = ipr or _host_iproute()
     found = ipr.link_lookup(ifname=interface)
     if not found:
         return  # gone with the sandbox's namespace
@@ -363,14 +370,22 @@ def find_stale() -> list[tuple[str, tuple[str, ...]]]:
     if unavailable():
         return []
     found: dict[str, list[str]] = {}
-    for name in _TABLE.findall(_nft("list tables inet")):
+    for name in _TABLE.findall(_nft("list tables inet", keep=False)):
         if _is_stale(name):
             found.setdefault(name, []).append(f"nft table inet {name}")
-    for link in _in_worker(lambda: _host_iproute().get_links()):
+    for link in _in_worker(_links_once):
         ifname, alias = link.get_attr("IFLA_IFNAME"), link.get_attr("IFLA_IFALIAS")
         if ifname.startswith(IFNAME_PREFIX) and alias and _is_stale(alias):
             found.setdefault(alias, []).append(f"interface {ifname}")
     return [(name, tuple(items)) for name, items in found.items()]
+
+
+def _links_once() -> list:
+    """The host's links, through an IPRoute of this call alone: gc, which runs rarely and
+    in processes that make no sandbox of this mode, keeps no netlink socket open."""
+    from pyroute2 import IPRoute
+    with IPRoute() as ipr:
+        return list(ipr.get_links())
 
 
 def _is_stale(name: str) -> bool:
@@ -384,9 +399,9 @@ def remove_stale(name: str, items: Sequence[str]) -> None:
     """Remove what find_stale() listed under name."""
     for item in items:
         if item.startswith("nft table inet "):
-            _nft(f'delete table inet {name}')
+            _nft(f'delete table inet {name}', keep=False)
         elif item.startswith("interface "):
-            _in_worker(_delete_link, item[len("interface "):], name)
+            _in_worker(_delete_link_once, item[len("interface "):], name)
 
 
 # -- the host's netlink and nftables, one handle each per process
@@ -463,26 +478,35 @@ def _nft_library():
             getattr(lib, fn).restype = ctypes.c_char_p
         lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
         lib.nft_ctx_output_set_flags.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+        lib.nft_ctx_free.argtypes = [ctypes.c_void_p]
         _lib = lib
     return _lib
 
 
-def _nft(commands: str, as_json: bool = False) -> str:
+def _nft(commands: str, as_json: bool = False, keep: bool = True) -> str:
     """Run nft commands in one transaction through libnftables (a subprocess costs ms);
-    their output (as JSON: as_json), or EgressConfigError with nft's message."""
+    their output (as JSON: as_json), or EgressConfigError with nft's message. The context
+    (and its netlink socket) is kept for the process's next sandbox, unless keep is False
+    (gc, which runs rarely and makes no sandbox)."""
     lib = _nft_library()
     with _nft_lock:
-        if as_json not in _nft_ctx or _nft_ctx[as_json][0] != os.getpid():
+        if not keep or as_json not in _nft_ctx or _nft_ctx[as_json][0] != os.getpid():
             ctx = lib.nft_ctx_new(0)
             lib.nft_ctx_buffer_output(ctx)
             lib.nft_ctx_buffer_error(ctx)
             if as_json:
                 lib.nft_ctx_output_set_flags(ctx, _NFT_CTX_OUTPUT_JSON)
-            _nft_ctx[as_json] = (os.getpid(), ctx)
-        ctx = _nft_ctx[as_json][1]
-        rc = lib.nft_run_cmd_from_buffer(ctx, commands.encode())
-        out = (lib.nft_ctx_get_output_buffer(ctx) or b"").decode()
-        err = (lib.nft_ctx_get_error_buffer(ctx) or b"").decode()
+            if keep:
+                _nft_ctx[as_json] = (os.getpid(), ctx)
+        else:
+            ctx = _nft_ctx[as_json][1]
+        try:
+            rc = lib.nft_run_cmd_from_buffer(ctx, commands.encode())
+            out = (lib.nft_ctx_get_output_buffer(ctx) or b"").decode()
+            err = (lib.nft_ctx_get_error_buffer(ctx) or b"").decode()
+        finally:
+            if not keep:
+                lib.nft_ctx_free(ctx)
     if rc != 0:
         raise EgressConfigError(f"nftables refused the ip mode's rules: {err.strip()}")
     return out
