@@ -147,8 +147,8 @@ def case_lifecycle(image: BenchImage | None, why: str | None, runs: int, warmup:
     specs = image_specs(image)
     what = {
         HOST: "Sandbox(SandboxSpec()) + exec /bin/true + close: the host's userland",
-        BY_REF: f"the same with image={image and image.ref!r}: the store's record found by "
-                "a cache-hit import, the tree leased, idmapped, the overlay",
+        BY_REF: f"the same with image={image and image.ref!r}: the store's record of the "
+                "source read, the tree leased, idmapped, the overlay",
         BY_NAME: f"the same with image={NAME!r}: the record read by name",
         BY_DIR: "the same with image='dir:' + the store's tree: no store, no lease",
     }
@@ -170,13 +170,13 @@ _IMAGE = list(IMAGE_SANDBOX_PHASES)
 # bench_sandbox.phase_run derives).
 PHASE_DEPTH = {
     "create: total": 0, "create: whole start() before waiting": 1,
-    _IMAGE[0]: 2, _IMAGE[1]: 3, _IMAGE[2]: 4, _IMAGE[3]: 4, _IMAGE[4]: 3,
+    _IMAGE[0]: 2, _IMAGE[1]: 3, _IMAGE[2]: 4, _IMAGE[3]: 3,
     "create: cgroup from the pool or new, limits written (acquire)": 2,
     "create: cgroup backend probe (detect)": 3, "create: cgroup name (leaf_name)": 3,
     "create: cgroup mkdir + limits (create, when the pool is empty)": 3,
     "create: clone3 of init, from a thread in the sandbox's cgroup (spawn_init)": 2,
     "create: uid/gid maps (_write_proc)": 2, "create: send GO + CONFIG": 2,
-    _IMAGE[5]: 2, "create: config message build": 3, _IMAGE[6]: 3, _IMAGE[7]: 4,
+    _IMAGE[4]: 2, "create: config message build": 3, _IMAGE[5]: 3, _IMAGE[6]: 4,
     "create: wait for READY (init exec + mount tree)": 1, "create: READY receive": 1,
     "create: finish_start": 1,
     "first exec: total": 0, "exec: begin_exec (cgroup peak reset, oom count, pipes, send)": 1,

@@ -82,9 +82,7 @@ IMAGE_SANDBOX_PHASES: dict[str, tuple[str, str]] = {
         ("karotte.imageroot", "resolve_root"),
     "create: image: the store's record of it (Store.open_image)":
         ("karotte.images.store", "Store.open_image"),
-    "create: image: of which a cache-hit import, its records rewritten and fsynced "
-    "(Store.import_image, a source reference only)": ("karotte.images.store", "Store.import_image"),
-    "create: image: of which the config blob read (Store._image)":
+    "create: image: of which the config (parsed once per process, Store._image)":
         ("karotte.images.store", "Store._image"),
     "create: image: the tree's shared lock, the lease (Store._hold)":
         ("karotte.images.store", "Store._hold"),
