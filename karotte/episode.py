@@ -109,7 +109,7 @@ class _Flow:
 
     def __init__(self, env: Environment | str, seed: int, scan_limits: ScanLimits | None,
                  key: bytes | str | None, max_turns: int, max_seconds: float | None,
-                 upstream_headers: Mapping[str, Mapping[str, str]] | None):
+                 upstream_headers: Mapping[str, Mapping[str, str]] | None = None):
         self.env = _environment(env)
         # The credentials stay here, in the trainer: in the proxy's policy, never in a
         # sandbox, never in a record. The grader's are checked now, used at grading.
