@@ -244,3 +244,20 @@ def test_an_upstream_whose_certificate_does_not_verify_is_not_reached(gateway, t
     assert "CERTIFICATE_VERIFY_FAILED" in out.stdout and len(tls_files.seen) == before
     (reach,) = session.record().reaches
     assert (reach.allowed, reach.reason) == (True, "connect_failed")
+
+
+def test_EGRESS_ECHO_01_a_trace_to_an_upstream_is_refused_so_its_echo_holds_no_credential(
+        gateway, tls_files):
+    # TRACE's answer is the request as the upstream got it: with the key the host added.
+    secret = "Bearer sk-never-in-the-sandbox"
+    session, _, ups = gateway.serve(
+        [f"127.0.0.1:{tls_files.port}"],
+        {"model": {"url": f"https://files.test:{tls_files.port}/v1", "ca_file": tls_files.cert,
+                   "headers": {"Authorization": secret}}})
+    before = len(tls_files.seen)
+    for method in ("TRACE", "track"):
+        out = subprocess.run(["curl", "-sS", "-i", "-X", method, f"{ups['model']}/x"],
+                             capture_output=True, text=True)
+        assert "X-Karotte-Egress: bad_request" in out.stdout and secret not in out.stdout
+    assert len(tls_files.seen) == before
+    assert [r.reason for r in session.record().reaches] == ["bad_request", "bad_request"]

@@ -33,6 +33,10 @@ _FIX = {"not_allowed": "add it to the sandbox's allow-list if the task needs it"
         "internal_address": "list the address itself if the task is meant to reach it",
         "not_proxy_request": "this is an HTTP proxy: send absolute-form requests or CONNECT"}
 
+# Methods whose answer is the request itself (RFC 9110 TRACE; TRACK, its IIS twin): on an
+# upstream listener they would hand the agent the credentials the host adds.
+ECHOING_METHODS = frozenset({"TRACE", "TRACK"})
+
 
 class Gate:
     """One sandbox's egress: its policy, resolver, limits and log, shared by all its
@@ -192,6 +196,10 @@ class _Client:
         if not target.startswith("/"):
             return await self._refuse(entry, "bad_request", f"an upstream listener takes "
                                       f"origin-form requests (GET /path), not {target[:200]!r}")
+        if method.upper() in ECHOING_METHODS:  # the upstream would echo the credentials back
+            return await self._refuse(entry, "bad_request", f"{method[:20]} is refused on an "
+                                      f"upstream listener: its answer echoes the request, with "
+                                      f"the credentials the host adds to it")
         verdict = await check(self.gate.upstream_policy(up), str(up.host), up.port,
                               self.gate.resolve)
         drop = {"host"} | {k.lower() for k, _ in up.headers}  # the agent sets no credential
