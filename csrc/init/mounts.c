@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/mount.h>
+#include <linux/openat2.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mount.h>
@@ -10,6 +11,10 @@
 #include <unistd.h>
 
 #include "init.h"
+
+#ifndef SYS_openat2
+#define SYS_openat2 437
+#endif
 
 #ifndef MOUNT_ATTR_NOSYMFOLLOW
 #define MOUNT_ATTR_NOSYMFOLLOW 0x00200000 /* linux/mount.h before 5.14 */
@@ -129,19 +134,40 @@ static void place_lower(int *fd, const char *host_path, const char *at, const ch
 
 /* The mount points' layer, a new directory there: the mode and owner of the directory the
  * layers below have at that path (the diff's, else the tree's), so that /home still looks
- * as the image has it; 0755 and our root's where they have none. */
+ * as the image has it; 0755 and our root's where they have none, or reach it only through
+ * a symlink. */
+/* fstat of the directory at inside (absolute) within layer, resolved beneath it with no
+ * symlink followed: a link that the diff or the image planted (/home -> /oldroot/...)
+ * must not make init stat a path of the host, which is still at OLDROOT here. */
+static int stat_beneath(const char *layer, const char *inside, struct stat *st)
+{
+    int root = open(layer, O_PATH | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    if (root < 0)
+        return -1;
+    struct open_how how = {.flags = O_PATH | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW,
+                           .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+                                      RESOLVE_NO_MAGICLINKS};
+    while (*inside == '/')
+        inside++;
+    int fd = (int)syscall(SYS_openat2, root, *inside ? inside : ".", &how, sizeof(how));
+    close(root);
+    if (fd < 0)
+        return -1;
+    int r = fstat(fd, st);
+    close(fd);
+    return r;
+}
+
 static void point_dir(const char *path)
 {
     const char *inside = path + strlen(POINTS);
-    char below[4200];
     struct stat st;
     mode_t mode = 0755;
     uid_t uid = 0;
     gid_t gid = 0;
     for (int i = 0; i < 2; i++) {
         const char *layer = i == 0 ? (cfg.layer ? CHANGES : NULL) : LOWER;
-        if (layer && snprintf(below, sizeof(below), "%s%s", layer, inside) < (int)sizeof(below) &&
-            lstat(below, &st) == 0 && S_ISDIR(st.st_mode)) {
+        if (layer && stat_beneath(layer, inside, &st) == 0 && S_ISDIR(st.st_mode)) {
             mode = st.st_mode & 07777;
             uid = st.st_uid;
             gid = st.st_gid;
