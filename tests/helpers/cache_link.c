@@ -95,10 +95,17 @@ static int futex_end(const char *path, int wake, int seconds) {
     return 0;
 }
 
-/* An inotify watch sees the opens of the inode it is on. */
-static int watch(const char *path, int seconds) {
+static int opener(const char *path, int seconds);
+
+/* An inotify watch sees the opens of the inode it is on; with own, a child of the watcher
+ * opens the file for 1 s once the watch is set (the control, in the watcher's sandbox). */
+static int watch(const char *path, int seconds, int own) {
     int in = inotify_init1(IN_NONBLOCK), events = 0;
     if (in < 0 || inotify_add_watch(in, path, IN_OPEN) < 0) return 2;
+    if (own && fork() == 0) {
+        usleep(200000);
+        _exit(opener(path, 1));
+    }
     struct pollfd p = {in, POLLIN, 0};
     char buf[4096];
     while (poll(&p, 1, seconds * 1000) > 0) {
@@ -127,7 +134,8 @@ int main(int argc, char **argv) {
     char in[64] = {0};
     if (argc > 3 && strcmp(argv[2], "wait") == 0) return futex_end(argv[1], 0, atoi(argv[3]));
     if (argc > 3 && strcmp(argv[2], "wake") == 0) return futex_end(argv[1], 1, atoi(argv[3]));
-    if (argc > 3 && strcmp(argv[2], "watch") == 0) return watch(argv[1], atoi(argv[3]));
+    if (argc > 3 && strcmp(argv[2], "watch") == 0) return watch(argv[1], atoi(argv[3]), 0);
+    if (argc > 3 && strcmp(argv[2], "watch-own") == 0) return watch(argv[1], atoi(argv[3]), 1);
     if (argc > 3 && strcmp(argv[2], "open") == 0) return opener(argv[1], atoi(argv[3]));
     if (argc > 2 && strcmp(argv[2], "peek") == 0) {
         int fd = open(argv[1], O_RDONLY), bits[SLOTS];
