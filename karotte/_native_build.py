@@ -17,14 +17,25 @@ ffibuilder.cdef(
         int64_t max_entries, max_bytes, max_file_size, max_depth, max_path_bytes;
     };
     struct kx_count { int64_t entries, read, total; };
+    #define KX_CHAIN 256
+    #define KX_PATH 4096
+    struct kx_chain {
+        int root; size_t n; int fds[256]; size_t path_len; uint8_t path[4096];
+    };
+    #define KX_FILE 0
+    #define KX_SYMLINK 1
+    #define KX_DIR 2
     struct kx_done {
-        uint64_t ino; int64_t size; uint32_t name_off, name_len; uint32_t is_file;
+        uint64_t ino; int64_t size; uint64_t data_off; int64_t mode; int64_t mtime;
+        uint32_t path_off, path_len; uint32_t kind; uint32_t new_parent;
         uint8_t sha256[32];
     };
-    int64_t karotte_extract_run(const uint8_t *buf, size_t len, int dir_fd,
-                                const uint8_t *dir_path, size_t dir_path_len, int chown_ids,
-                                const struct kx_budget *budget, struct kx_count *count,
-                                struct kx_done *done, size_t max_done, size_t *n_done);
+    int64_t karotte_extract_run(const uint8_t *buf, size_t len, struct kx_chain *chain,
+                                int chown_ids, const struct kx_budget *budget,
+                                struct kx_count *count, struct kx_done *done,
+                                size_t max_done, size_t *n_done, uint8_t *paths,
+                                size_t paths_cap, size_t *paths_len);
+    void karotte_extract_hash(const uint8_t *buf, struct kx_done *done, size_t n);
     """
 )
 ffibuilder.set_source(

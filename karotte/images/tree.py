@@ -17,7 +17,7 @@ import queue
 import stat
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ..errors import KarotteError
 from ..results import escape
@@ -77,57 +77,73 @@ class TreeEntry:
 
 
 class FileHashes:
-    """The sha256 of each file extraction writes, into hashes (inode -> (size, hex)): a
-    file of LARGE bytes or more is hashed by a thread of its own beside the writes (sha256
-    releases the GIL, and the data is immutable bytes, so the views need no copy); a
-    smaller one at once, where a thread's hand-over would cost more than the hash."""
+    """The sha256 of each file extraction writes, into hashes (inode -> (size, hex)),
+    kept in the order the files were written (an inode freed and used again takes the
+    later file's hash). The C run's files (later) and a file of LARGE bytes or more
+    (update) are hashed by a thread of its own beside the writes: sha256 releases the GIL,
+    and the data is immutable bytes, so the views need no copy; a smaller file written
+    here is hashed at once, where a thread's hand-over would cost more than the hash.
+    At most _QUEUED items wait for the thread, each a view of at most one chunk read."""
 
     LARGE = 256 << 10
+    _QUEUED = 64
 
     def __init__(self, hashes: dict[int, tuple[int, str]]):
         self.hashes = hashes
-        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue(self._QUEUED)
         self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="karotte-file-hash",
+                                            daemon=True)
+            self._thread.start()
 
     def update(self, h: Any, size: int, view: memoryview) -> None:
         if size < self.LARGE:
             h.update(view)
             return
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="karotte-file-hash",
-                                            daemon=True)
-            self._thread.start()
+        self._start()
         self._queue.put((h, view))
 
     def done(self, h: Any, size: int, ino: int) -> None:
-        # Once the thread runs, every result goes through it, in order: an inode freed
-        # and used again takes the later file's hash.
         if self._thread is None:
             self.hashes[ino] = (size, h.hexdigest())
         else:
             self._queue.put((h, None, size, ino))
 
-    def record(self, ino: int, size: int, digest: str) -> None:
-        """A file hashed elsewhere (extract's fast path), in order with the rest."""
-        if self._thread is None:
-            self.hashes[ino] = (size, digest)
-        else:
-            self._queue.put((digest, None, size, ino))
+    def later(self, files: Callable[[], Iterable[tuple[int, int, str]]]) -> None:
+        """Files hashed on the thread, in order with the rest: files() gives (inode,
+        size, sha256 hex) of each."""
+        self._start()
+        self._queue.put((files,))
 
     def _run(self) -> None:
+        hashes = self.hashes
         while (item := self._queue.get()) is not None:
-            if item[1] is not None:
-                item[0].update(item[1])
-            else:
-                digest = item[0] if isinstance(item[0], str) else item[0].hexdigest()
-                self.hashes[item[3]] = (item[2], digest)
+            if self._error is not None:
+                continue  # drained, so that no put waits on a thread that stopped
+            try:
+                if len(item) == 1:
+                    for ino, size, digest in item[0]():
+                        hashes[ino] = (size, digest)
+                elif item[1] is not None:
+                    item[0].update(item[1])
+                else:
+                    hashes[item[3]] = (item[2], item[0].hexdigest())
+            except BaseException as exc:  # raised by close(), in the extracting thread
+                self._error = exc
 
     def close(self) -> None:
-        """Every hash queued, done."""
+        """Every hash queued, done; what the thread raised, raised here."""
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def image_ids(uid: int, gid: int) -> tuple[int, int]:
