@@ -565,21 +565,51 @@ class _Layer(Whiteouts):
         return total
 
     def _finish(self) -> None:
-        """Directories' modes and mtimes, deepest first: nothing is written in them now."""
+        """Directories' modes and mtimes, deepest first: nothing is written in them now.
+        Siblings are next to each other in that order, so each is opened from the fds of
+        its parents kept from the one before (they are shallower: not given their modes
+        yet)."""
         for _, fd in self.chain:
             os.close(fd)
         self.chain.clear()
-        for path in sorted(self.dirs, key=lambda p: -p.count(b"/") - bool(p)):
-            mode, mtime = self.dirs[path]
-            fd = self._reopen(path.split(b"/") if path else [])
-            if fd is None:
-                continue  # replaced or whited out since
-            try:
-                os.fchmod(fd, mode)
-                if mtime is not None:
-                    os.utime(fd, ns=(mtime, mtime))
-            finally:
+        chain: list[tuple[bytes, int]] = []  # the parents of the directory before
+        try:
+            for path in sorted(self.dirs, key=lambda p: (-p.count(b"/") - bool(p), p)):
+                mode, mtime = self.dirs[path]
+                fd = self._reach(chain, path.split(b"/") if path else [])
+                if fd is None:
+                    continue  # replaced or whited out since
+                try:
+                    os.fchmod(fd, mode)
+                    if mtime is not None:
+                        os.utime(fd, ns=(mtime, mtime))
+                finally:
+                    os.close(fd)
+        finally:
+            for _, fd in chain:
                 os.close(fd)
+
+    def _reach(self, chain: list[tuple[bytes, int]], parts: list[bytes]) -> int | None:
+        """A fresh fd of the directory parts names (the caller closes it), opened from the
+        fds of chain (its parents so far, kept and updated for the next call), or None if
+        a component is missing, a symlink or not a directory."""
+        keep = 0
+        while keep < min(len(parts) - 1, len(chain)) and chain[keep][0] == parts[keep]:
+            keep += 1
+        for _, fd in chain[keep:]:
+            os.close(fd)
+        del chain[keep:]
+        for part in parts[len(chain):]:
+            try:
+                fd = os.open(part, DIR_FLAGS, dir_fd=chain[-1][1] if chain else self.root)
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                    return None
+                raise
+            chain.append((part, fd))
+        if not parts:
+            return os.open(".", DIR_FLAGS, dir_fd=self.root)
+        return chain.pop()[1]
 
 
 def apply_layer(stream: BinaryIO, root_fd: int, *, budget: LayerBudget = LayerBudget(),

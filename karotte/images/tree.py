@@ -9,12 +9,15 @@ is read like any other.
 """
 from __future__ import annotations
 
+import array
 import dataclasses
 import hashlib
 import json
 import os
 import queue
+import re
 import stat
+import struct
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
@@ -23,6 +26,19 @@ from ..errors import KarotteError
 from ..results import escape
 
 __all__ = ["LayerError", "TreeEntry", "RULES", "manifest", "manifest_text", "entry_dict"]
+
+try:
+    from .._native import ffi as _ffi, lib as _lib
+    NATIVE = hasattr(_lib, "karotte_tree_walk")
+except ImportError:  # the system Python of an unprivileged import, without cffi
+    _ffi = _lib = None
+    NATIVE = False
+_KT_FILE, _KT_SYMLINK = 0, 1  # csrc/tree.h's KT_FILE, KT_SYMLINK (KT_DIR: the rest)
+# struct kt_entry as csrc/tree.h lays it out: ino, size, mode, uid, gid, kind, path_off,
+# path_len, target_off, target_len, hashed, sha256, then the compiler's padding.
+_PLAIN_TEXT = re.compile(rb"[\x20-\x5b\x5d-\x7e]*")  # what results.escape keeps as it is
+_ENTRY = struct.Struct("=QqIIIIIIIII32s" + (
+    f"{_ffi.sizeof('struct kt_entry') - 84}x" if NATIVE else ""))
 
 RULES = {
     "IMG-TRAVERSAL-01": "a name must stay inside the tree: no absolute name, no '..', "
@@ -85,7 +101,7 @@ class FileHashes:
     here is hashed at once, where a thread's hand-over would cost more than the hash.
     At most _QUEUED items wait for the thread, each a view of at most one chunk read."""
 
-    LARGE = 256 << 10
+    LARGE = 16 << 10
     _QUEUED = 64
 
     def __init__(self, hashes: dict[int, tuple[int, str]]):
@@ -172,8 +188,55 @@ def manifest(root_fd: int, hashes: Hashes | None = None) -> tuple[TreeEntry, ...
     names in byte order; measured with lstat, files read through O_NOFOLLOW fds whose
     fstat must match (unless hashes, from the extraction that wrote them, has the inode
     at that size). Raises LayerError (IMG-TREE-01) for anything that is not a file,
-    directory or symlink, or a file that changed while it was read."""
-    hashes = hashes or {}
+    directory or symlink, or a path that changed while it was measured. Walked by
+    csrc/tree.c where karotte._native is built (the tests compare it with the walk here)."""
+    if NATIVE:
+        return _manifest_native(root_fd, hashes or {})
+    return _manifest_python(root_fd, hashes or {})
+
+
+def _manifest_native(root_fd: int, hashes: Hashes) -> tuple[TreeEntry, ...]:
+    known = array.array("q")
+    for ino in sorted(hashes):
+        known.extend((ino, hashes[ino][0]))
+    t = _ffi.new("struct kt_tree *")
+    try:
+        rc = _lib.karotte_tree_walk(root_fd, _ffi.from_buffer("int64_t[]", known)
+                                    if known else _ffi.NULL, len(known) // 2, t)
+        count = t.n + (rc == 1)  # a path that stopped the walk follows the entries
+        raw = bytes(_ffi.buffer(t.entries, count * _ENTRY.size)) if count else b""
+        text = bytes(_ffi.buffer(t.text, t.len)) if t.len else b""
+        err, changed, bad_type = t.err, t.changed, t.bad_type
+    finally:
+        _lib.karotte_tree_free(t)
+    if rc < 0:
+        raise OSError(err, f"listing the tree for its manifest: {os.strerror(err)}")
+    rows = list(_ENTRY.iter_unpack(raw))
+    if rc == 1:
+        bad = rows.pop()
+        raise LayerError(escape(text[bad[6]:bad[6] + bad[7]]), "IMG-TREE-01",
+                         "changed while measured" if changed else
+                         f"file type {bad_type:#o} in the tree")
+    # Names and targets that are all printable ASCII (most trees) are their own escape:
+    # sliced from the text decoded once.
+    names: Any = text.decode("ascii") if _PLAIN_TEXT.fullmatch(text) else None
+    out: list[TreeEntry] = []
+    for ino, size, mode, uid, gid, kind, po, pl, to, tl, hashed, sha in rows:
+        path = (names[po:po + pl] if names is not None else escape(text[po:po + pl])) \
+            if pl else "."
+        if kind == _KT_FILE:
+            out.append(TreeEntry(path, "file", mode, uid, gid, size,
+                                 sha.hex() if hashed else hashes[ino][1], None))
+        elif kind == _KT_SYMLINK:
+            out.append(TreeEntry(path, "symlink", mode, uid, gid, size, None,
+                                 names[to:to + tl] if names is not None else
+                                 escape(text[to:to + tl])))
+        else:
+            out.append(TreeEntry(path, "dir", mode, uid, gid, 0, None, None))
+    return tuple(out)
+
+
+def _manifest_python(root_fd: int, hashes: Hashes) -> tuple[TreeEntry, ...]:
     out: list[TreeEntry] = []
     root = os.open(".", DIR_FLAGS, dir_fd=root_fd)
     st = os.fstat(root)
