@@ -7,8 +7,6 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
-
 from conftest import needs_sandbox
 from karotte.errors import SandboxError
 from karotte.sandbox import Sandbox
