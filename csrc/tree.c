@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -52,19 +53,20 @@ static struct kt_entry *put_entry(struct kt_tree *t, const struct stat *st, uint
     return e;
 }
 
-static int known_file(const int64_t *known, size_t n, const struct stat *st) {
+/* The index of the file's (inode, size) in known, or -1. */
+static int64_t known_file(const int64_t *known, size_t n, const struct stat *st) {
     size_t lo = 0, hi = n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
         uint64_t ino = (uint64_t)known[2 * mid];
         if (ino == st->st_ino)
-            return known[2 * mid + 1] == st->st_size;
+            return known[2 * mid + 1] == st->st_size ? (int64_t)mid : -1;
         if (ino < st->st_ino)
             lo = mid + 1;
         else
             hi = mid;
     }
-    return 0;
+    return -1;
 }
 
 /* 0 hashed; 1 changed while read; -1 failed. */
@@ -175,8 +177,14 @@ fail: {
 }
 
 /* The entries below the directory fd whose path is text[path_off:+path_len]. */
-static int walk_dir(int fd, size_t path_off, size_t path_len, int depth, const int64_t *known,
-                    size_t n_known, struct kt_tree *t) {
+struct known {
+    const int64_t *pairs;
+    const uint8_t *sha;
+    size_t n;
+};
+
+static int walk_dir(int fd, size_t path_off, size_t path_len, int depth,
+                    const struct known *known, struct kt_tree *t) {
     if (depth > MAX_DEPTH) {
         errno = ELOOP;
         return -1;
@@ -233,7 +241,7 @@ static int walk_dir(int fd, size_t path_off, size_t path_len, int depth, const i
                 break;
             }
             t->n++;
-            rc = walk_dir(cfd, child_off, child_len, depth + 1, known, n_known, t);
+            rc = walk_dir(cfd, child_off, child_len, depth + 1, known, t);
             close(cfd);
         } else if (S_ISLNK(st.st_mode)) {
             char target[4097];
@@ -263,7 +271,11 @@ static int walk_dir(int fd, size_t path_off, size_t path_len, int depth, const i
                 rc = -1;
                 break;
             }
-            if (!known_file(known, n_known, &st)) {
+            int64_t at = known_file(known->pairs, known->n, &st);
+            if (at >= 0) {
+                memcpy(e->sha256, known->sha + 32 * at, 32);
+                e->hashed = 2;
+            } else {
                 int h = hash_file(fd, name, &st, e->sha256);
                 if (h != 0) {
                     t->changed = h == 1;
@@ -289,7 +301,9 @@ static int walk_dir(int fd, size_t path_off, size_t path_len, int depth, const i
     return rc;
 }
 
-int karotte_tree_walk(int root_fd, const int64_t *known, size_t n_known, struct kt_tree *t) {
+int karotte_tree_walk(int root_fd, const int64_t *pairs, const uint8_t *known_sha,
+                      size_t n_known, struct kt_tree *t) {
+    struct known known = {pairs, known_sha, n_known};
     struct stat st;
     int fd = openat(root_fd, ".", DIR_OPEN);
     if (fd < 0 || fstat(fd, &st) != 0) {
@@ -304,7 +318,7 @@ int karotte_tree_walk(int root_fd, const int64_t *known, size_t n_known, struct 
         return -1;
     }
     t->n++;
-    int rc = walk_dir(fd, 0, 0, 0, known, n_known, t);
+    int rc = walk_dir(fd, 0, 0, 0, &known, t);
     close(fd);
     return rc;
 }
@@ -313,4 +327,91 @@ void karotte_tree_free(struct kt_tree *t) {
     free(t->entries);
     free(t->text);
     t->entries = NULL, t->text = NULL;
+}
+
+/* A path or target as JSON: quoted, '"' escaped; 0 where it is not all printable ASCII
+ * other than the backslash. */
+static int plain(const uint8_t *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < 0x20 || s[i] > 0x7e || s[i] == '\\')
+            return 0;
+    return 1;
+}
+
+static uint8_t *put_json(uint8_t *at, const uint8_t *s, size_t n) {
+    *at++ = '"';
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '"')
+            *at++ = '\\';
+        *at++ = s[i];
+    }
+    *at++ = '"';
+    return at;
+}
+
+static uint8_t *put_str(uint8_t *at, const char *s) {
+    size_t n = strlen(s);
+    memcpy(at, s, n);
+    return at + n;
+}
+
+static uint8_t *put_int(uint8_t *at, int64_t v) {
+    char digits[24];
+    int n = snprintf(digits, sizeof digits, "%lld", (long long)v);
+    memcpy(at, digits, (size_t)n);
+    return at + n;
+}
+
+uint8_t *karotte_tree_text(const struct kt_tree *t, size_t *len, int64_t *files) {
+    static const char hex[] = "0123456789abcdef";
+    size_t need = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        const struct kt_entry *e = &t->entries[i];
+        if (!plain(t->text + e->path_off, e->path_len) ||
+            !plain(t->text + e->target_off, e->target_len))
+            return NULL;
+        /* the fixed text, five numbers, the sha256, a path and a target, each doubled */
+        need += 160 + 5 * 21 + 64 + 2 * (e->path_len + e->target_len) + 1;
+    }
+    uint8_t *out = malloc(need ? need : 1), *at = out;
+    if (!out)
+        return NULL;
+    *files = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        const struct kt_entry *e = &t->entries[i];
+        at = put_str(at, "{\"gid\": ");
+        at = put_int(at, e->gid);
+        at = put_str(at, ", \"mode\": ");
+        at = put_int(at, e->mode);
+        at = put_str(at, ", \"path\": ");
+        at = e->path_len ? put_json(at, t->text + e->path_off, e->path_len)
+                         : put_str(at, "\".\"");
+        at = put_str(at, ", \"sha256\": ");
+        if (e->kind == KT_FILE) {
+            *at++ = '"';
+            for (int b = 0; b < 32; b++)
+                *at++ = hex[e->sha256[b] >> 4], *at++ = hex[e->sha256[b] & 15];
+            *at++ = '"';
+            *files += e->size;
+        } else {
+            at = put_str(at, "null");
+        }
+        at = put_str(at, ", \"size\": ");
+        at = put_int(at, e->size);
+        at = put_str(at, ", \"target\": ");
+        at = e->kind == KT_SYMLINK ? put_json(at, t->text + e->target_off, e->target_len)
+                                   : put_str(at, "null");
+        at = put_str(at, e->kind == KT_FILE      ? ", \"type\": \"file\""
+                         : e->kind == KT_SYMLINK ? ", \"type\": \"symlink\""
+                                                 : ", \"type\": \"dir\"");
+        at = put_str(at, ", \"uid\": ");
+        at = put_int(at, e->uid);
+        at = put_str(at, "}\n");
+    }
+    *len = (size_t)(at - out);
+    return out;
+}
+
+void karotte_tree_text_free(uint8_t *text) {
+    free(text);
 }

@@ -24,7 +24,7 @@ struct kt_entry {
     uint32_t uid, gid;
     uint32_t kind;     /* KT_FILE, KT_SYMLINK or KT_DIR */
     uint32_t path_off, path_len, target_off, target_len;
-    uint32_t hashed;   /* a file hashed by the walk: sha256 holds it */
+    uint32_t hashed;   /* a file: 1 hashed by the walk, 2 known (its digest given) */
     uint8_t sha256[32];
 };
 
@@ -40,9 +40,19 @@ struct kt_tree {
 };
 
 /* Walks the tree under root_fd into t (zeroed by the caller). known: n_known pairs
- * (inode, size), sorted, whose files are not read. Returns 0 when done; 1 when a path
- * stops it (entries[n] names it: the path only); -1 when a call fails (t->err). */
-int karotte_tree_walk(int root_fd, const int64_t *known, size_t n_known, struct kt_tree *t);
+ * (inode, size), sorted, whose files are not read: their sha256 is known_sha[32 * i].
+ * Returns 0 when done; 1 when a path stops it (entries[n] names it: the path only); -1
+ * when a call fails (t->err). */
+int karotte_tree_walk(int root_fd, const int64_t *known, const uint8_t *known_sha,
+                      size_t n_known, struct kt_tree *t);
+
+/* manifest.jsonl for the entries of a finished walk, exactly as tree.py's manifest_text
+ * writes it, and the bytes of its files into *files; in a buffer of *len bytes that
+ * karotte_tree_text_free frees. NULL where a path or a target is not all printable ASCII
+ * other than the backslash (Python escapes those), or memory ran out. */
+uint8_t *karotte_tree_text(const struct kt_tree *t, size_t *len, int64_t *files);
+
+void karotte_tree_text_free(uint8_t *text);
 
 void karotte_tree_free(struct kt_tree *t);
 

@@ -46,8 +46,10 @@ ffibuilder.cdef(
         struct kt_entry *entries; size_t n, cap; uint8_t *text; size_t len, text_cap;
         int err; int changed; uint32_t bad_type;
     };
-    int karotte_tree_walk(int root_fd, const int64_t *known, size_t n_known,
-                          struct kt_tree *t);
+    int karotte_tree_walk(int root_fd, const int64_t *known, const uint8_t *known_sha,
+                          size_t n_known, struct kt_tree *t);
+    uint8_t *karotte_tree_text(const struct kt_tree *t, size_t *len, int64_t *files);
+    void karotte_tree_text_free(uint8_t *text);
     void karotte_tree_free(struct kt_tree *t);
     """
 )

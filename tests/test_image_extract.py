@@ -25,6 +25,7 @@ from karotte.images import fastpath
 from karotte.images import tree as tree_module
 from karotte.images.extract import (EXTENDED_HEADER_LIMIT, RULES, LayerBudget, LayerError,
                                     TreeEntry, apply_layer, image_ids, manifest)
+from karotte.images.tree import manifest_text
 from karotte.images.tarstream import TarReader
 from karotte.scan import escape
 
@@ -532,29 +533,37 @@ def test_manifest_lists_every_path_in_order_and_refuses_what_a_tree_cannot_hold(
 
 @pytest.mark.skipif(not tree_module.NATIVE, reason="karotte._native is not built (pip install -e .)")
 def test_the_c_walk_lists_the_manifest_the_python_walk_lists(tree):
-    # Names in byte order (upper case, '-', non-UTF-8, a backslash), symlinks absolute and
-    # relative, empty directories, modes; then with hashes known for some files, one at
-    # a size it no longer has (read again), and a FIFO, which stops both walks alike.
+    # Names in byte order (upper case, '-', a quote), symlinks absolute and relative,
+    # empty directories, modes; hashes known for some files, one at a size it no longer
+    # has (read again); the text in one C call; then names that need escaping (not
+    # UTF-8, a backslash, a newline), and a FIFO, which stops both walks alike.
     tree.apply(folder("b", 0o750), reg("b/z", b"z"), reg("a", b"hello", 0o600),
-               sym("c", "/etc/localtime"), reg("b/\xe9\\\n", b""), folder("b/e"),
-               reg("a-b", b"x" * 70_000), reg("B", b"upper"), sym("b/up", "../a"),
-               folder("d/deeper/still"), reg("d/deeper/still/f", b"f"))
-    os.mkdir(os.fsencode(tree.path) + b"/\xff")
+               sym("c", "/etc/localtime"), folder("b/e"), reg("a-b", b"x" * 70_000),
+               reg("B", b"upper"), sym("b/up", "../a"), folder("d/deeper/still"),
+               reg("d/deeper/still/f", b"f"), reg('q"uote', b""))
     python = tree_module._manifest_python(tree.fd, {})
-    assert tree_module._manifest_native(tree.fd, {}) == python == manifest(tree.fd)
-    assert [e.path for e in python][:4] == [".", "B", "a", "a-b"] and python[-1].path == "\\xff"
-    files = {e.path: os.lstat(tree.path / e.path) for e in python
-             if e.type == "file" and "\\" not in e.path}
-    hashes = {st.st_ino: (st.st_size, "known") for path, st in files.items() if path != "a"}
-    hashes[files["B"].st_ino] = (99, "stale")  # not its size now: hashed again
-    native = tree_module._manifest_native(tree.fd, hashes)
+    assert tree_module.manifest(tree.fd, {}) == python
+    assert [e.path for e in python][:4] == [".", "B", "a", "a-b"]
+    files = {e.path: os.lstat(tree.path / e.path) for e in python if e.type == "file"}
+    known = "ab" * 32
+    hashes = {st.st_ino: (st.st_size, known) for path, st in files.items() if path != "a"}
+    hashes[files["B"].st_ino] = (99, known)  # not its size now: hashed again
+    native = tree_module.manifest(tree.fd, hashes)
     assert native == tree_module._manifest_python(tree.fd, hashes)
     digests = {e.path: e.sha256 for e in native if e.type == "file"}
-    assert digests["b/z"] == digests["a-b"] == "known"
+    assert digests["b/z"] == digests["a-b"] == known
     assert digests["a"] == hashlib.sha256(b"hello").hexdigest()
     assert digests["B"] == hashlib.sha256(b"upper").hexdigest()
+    size = 5 + 70_000 + 1 + 5 + 1
+    assert tree_module.manifest_file(tree.fd, hashes) == (manifest_text(native), size)
+    tree.apply(reg("b/\xe9\\\n", b""))
+    os.mkdir(os.fsencode(tree.path) + b"/\xff")  # escaped: the text is Python's
+    entries = tree_module._manifest_python(tree.fd, hashes)
+    assert tree_module.manifest(tree.fd, hashes) == entries
+    assert {"b/\xe9\\x5c\\x0a", "\\xff"} <= {e.path for e in entries}
+    assert tree_module.manifest_file(tree.fd, hashes) == (manifest_text(entries), size)
     os.mkfifo(tree.path / "d" / "deeper" / "fifo")
-    for walk in (tree_module._manifest_native, tree_module._manifest_python):
+    for walk in (tree_module.manifest, tree_module._manifest_python):
         with pytest.raises(LayerError) as err:
             walk(tree.fd, {})
         assert (err.value.rule, err.value.entry) == ("IMG-TREE-01", "d/deeper/fifo")

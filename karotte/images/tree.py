@@ -10,6 +10,7 @@ is read like any other.
 from __future__ import annotations
 
 import array
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -20,12 +21,13 @@ import stat
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..errors import KarotteError
 from ..results import escape
 
-__all__ = ["LayerError", "TreeEntry", "RULES", "manifest", "manifest_text", "entry_dict"]
+__all__ = ["LayerError", "TreeEntry", "RULES", "manifest", "manifest_file", "manifest_text",
+           "entry_dict"]
 
 try:
     from .._native import ffi as _ffi, lib as _lib
@@ -191,32 +193,58 @@ def manifest(root_fd: int, hashes: Hashes | None = None) -> tuple[TreeEntry, ...
     directory or symlink, or a path that changed while it was measured. Walked by
     csrc/tree.c where karotte._native is built (the tests compare it with the walk here)."""
     if NATIVE:
-        return _manifest_native(root_fd, hashes or {})
+        with _walk(root_fd, hashes or {}) as (t, text):
+            return _entries(t, text)
     return _manifest_python(root_fd, hashes or {})
 
 
-def _manifest_native(root_fd: int, hashes: Hashes) -> tuple[TreeEntry, ...]:
+def manifest_file(root_fd: int, hashes: Hashes | None = None) -> tuple[str, int]:
+    """manifest_text(manifest(root_fd, hashes)) and the bytes of the tree's files: the
+    store's build of a tree writes only these, which csrc/tree.c gives in one call where
+    every name is printable ASCII (most trees)."""
+    if NATIVE:
+        with _walk(root_fd, hashes or {}) as (t, text):
+            length, files = _ffi.new("size_t *"), _ffi.new("int64_t *")
+            out = _lib.karotte_tree_text(t, length, files)
+            if out != _ffi.NULL:
+                try:
+                    return bytes(_ffi.buffer(out, length[0])).decode("ascii"), files[0]
+                finally:
+                    _lib.karotte_tree_text_free(out)
+            entries = _entries(t, text)
+    else:
+        entries = _manifest_python(root_fd, hashes or {})
+    return manifest_text(entries), sum(e.size for e in entries if e.type == "file")
+
+
+@contextlib.contextmanager
+def _walk(root_fd: int, hashes: Hashes) -> Iterator[tuple[Any, bytes]]:
+    """csrc/tree.c's walk of the tree (its struct kt_tree, valid inside the block, and its
+    text), hashes passed to it as known; the refusals manifest raises."""
+    inos = sorted(hashes)
     known = array.array("q")
-    for ino in sorted(hashes):
+    for ino in inos:
         known.extend((ino, hashes[ino][0]))
+    digests = b"".join(bytes.fromhex(hashes[ino][1]) for ino in inos)
     t = _ffi.new("struct kt_tree *")
     try:
         rc = _lib.karotte_tree_walk(root_fd, _ffi.from_buffer("int64_t[]", known)
-                                    if known else _ffi.NULL, len(known) // 2, t)
-        count = t.n + (rc == 1)  # a path that stopped the walk follows the entries
-        raw = bytes(_ffi.buffer(t.entries, count * _ENTRY.size)) if count else b""
+                                    if inos else _ffi.NULL, digests, len(inos), t)
         text = bytes(_ffi.buffer(t.text, t.len)) if t.len else b""
-        err, changed, bad_type = t.err, t.changed, t.bad_type
+        if rc < 0:
+            raise OSError(t.err, f"listing the tree for its manifest: {os.strerror(t.err)}")
+        if rc == 1:  # the path that stopped the walk follows the entries
+            bad = _ENTRY.unpack(bytes(_ffi.buffer(t.entries + t.n, _ENTRY.size)))
+            raise LayerError(escape(text[bad[6]:bad[6] + bad[7]]), "IMG-TREE-01",
+                             "changed while measured" if t.changed else
+                             f"file type {t.bad_type:#o} in the tree")
+        yield t, text
     finally:
         _lib.karotte_tree_free(t)
-    if rc < 0:
-        raise OSError(err, f"listing the tree for its manifest: {os.strerror(err)}")
-    rows = list(_ENTRY.iter_unpack(raw))
-    if rc == 1:
-        bad = rows.pop()
-        raise LayerError(escape(text[bad[6]:bad[6] + bad[7]]), "IMG-TREE-01",
-                         "changed while measured" if changed else
-                         f"file type {bad_type:#o} in the tree")
+
+
+def _entries(t: Any, text: bytes) -> tuple[TreeEntry, ...]:
+    rows = _ENTRY.iter_unpack(bytes(_ffi.buffer(t.entries, t.n * _ENTRY.size)))
     # Names and targets that are all printable ASCII (most trees) are their own escape:
     # sliced from the text decoded once.
     names: Any = text.decode("ascii") if _PLAIN_TEXT.fullmatch(text) else None
@@ -225,8 +253,7 @@ def _manifest_native(root_fd: int, hashes: Hashes) -> tuple[TreeEntry, ...]:
         path = (names[po:po + pl] if names is not None else escape(text[po:po + pl])) \
             if pl else "."
         if kind == _KT_FILE:
-            out.append(TreeEntry(path, "file", mode, uid, gid, size,
-                                 sha.hex() if hashed else hashes[ino][1], None))
+            out.append(TreeEntry(path, "file", mode, uid, gid, size, sha.hex(), None))
         elif kind == _KT_SYMLINK:
             out.append(TreeEntry(path, "symlink", mode, uid, gid, size, None,
                                  names[to:to + tl] if names is not None else
