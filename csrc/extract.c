@@ -161,13 +161,29 @@ static int write_all(int fd, const uint8_t *data, size_t n) {
     return 0;
 }
 
-/* One regular file, new in dir_fd; 0 where Python must do it (nothing is left behind). */
+#define THERE 2 /* put_file's and put_symlink's: the name is taken (clear it, then again) */
+
+/* What a lower layer (or an earlier entry) left at base, unless a directory, unlinked as
+ * extract.py's _clear unlinks it; the bytes that frees (its last link) into *freed.
+ * 0 where Python must do it: a directory (removed whole, fd-relative), a failing call. */
+static int clear(int dir_fd, const char *base, int64_t *freed) {
+    struct stat st;
+    if (fstatat(dir_fd, base, &st, AT_SYMLINK_NOFOLLOW) != 0 || S_ISDIR(st.st_mode))
+        return 0;
+    if (unlinkat(dir_fd, base, 0) != 0)
+        return 0;
+    *freed = S_ISREG(st.st_mode) && st.st_nlink == 1 ? st.st_size : 0;
+    return 1;
+}
+
+/* One regular file, new in dir_fd; 0 where Python must do it (nothing is left behind),
+ * THERE where the name is taken. */
 static int put_file(int dir_fd, const char *base, const uint8_t *data, int64_t size,
                     int64_t mode, int chown_ids, int64_t uid, int64_t gid, int64_t mtime,
                     struct kx_done *done) {
     int fd = openat(dir_fd, base, NEW_FILE, 0600);
     if (fd < 0)
-        return 0;
+        return errno == EEXIST ? THERE : 0;
     uid_t u;
     gid_t g;
     struct timespec times[2] = {{mtime, 0}, {mtime, 0}};
@@ -192,7 +208,7 @@ static int put_symlink(int dir_fd, const char *base, const char *target, int cho
                        int64_t uid, int64_t gid, int64_t mtime, struct kx_done *done) {
     /* Kept as the image has it, absolute or not; nothing here ever follows it. */
     if (symlinkat(target, dir_fd, base) != 0)
-        return 0;
+        return errno == EEXIST ? THERE : 0;
     uid_t u;
     gid_t g;
     struct timespec times[2] = {{mtime, 0}, {mtime, 0}};
@@ -252,12 +268,13 @@ int64_t karotte_extract_run(const uint8_t *buf, size_t len, struct kx_chain *cha
                             int chown_ids, const struct kx_budget *budget,
                             struct kx_count *count, struct kx_done *done, size_t max_done,
                             size_t *n_done, uint8_t *paths, size_t paths_cap,
-                            size_t *paths_len) {
+                            size_t *paths_len, size_t *need) {
     size_t off = 0;
     size_t last_parent = (size_t)-1; /* the chain length the entry before was in */
     struct kx_name nm;
     *n_done = 0;
     *paths_len = 0;
+    *need = 0;
     while (*n_done < max_done && len - off >= BLOCK) {
         const uint8_t *h = buf + off;
         if (all_zero(h) || !checksum_ok(h))
@@ -285,8 +302,12 @@ int64_t karotte_extract_run(const uint8_t *buf, size_t len, struct kx_chain *cha
         if (file) {
             span += (size_t)size + (size_t)(-size & (BLOCK - 1));
             if (size > budget->max_file_size || count->read + size > budget->max_bytes ||
-                count->total + size > budget->max_bytes || span > len - off)
+                count->total + size > budget->max_bytes)
                 break;
+            if (span > len - off) { /* all else plain: the caller may read on and call again */
+                *need = span;
+                break;
+            }
         } else if (link) {
             size_t target_len = text_len(h + 157, 100);
             if (target_len == 0 || (int64_t)target_len > budget->max_path_bytes)
@@ -303,11 +324,18 @@ int64_t karotte_extract_run(const uint8_t *buf, size_t len, struct kx_chain *cha
         if (!put_path(chain, &nm, paths, paths_cap, paths_len, d))
             break;
         int ok;
-        if (file) {
-            ok = put_file(dir_fd, name, h + BLOCK, size, mode, chown_ids, uid, gid, mtime, d);
+        int64_t freed = 0;
+        if (file || link) {
+            for (int again = 0; again < 2; again++) {
+                ok = file ? put_file(dir_fd, name, h + BLOCK, size, mode, chown_ids, uid, gid,
+                                     mtime, d)
+                          : put_symlink(dir_fd, name, target, chown_ids, uid, gid, mtime, d);
+                if (ok != THERE || again || !clear(dir_fd, name, &freed))
+                    break;
+                count->total -= freed; /* the name is free now, whatever comes next */
+            }
+            ok = ok == 1;
             d->data_off = off + BLOCK;
-        } else if (link) {
-            ok = put_symlink(dir_fd, name, target, chown_ids, uid, gid, mtime, d);
         } else {
             int fd = put_dir(dir_fd, name, chown_ids, uid, gid, mode, mtime, d);
             if ((ok = fd >= 0)) { /* the entries a tar lists after a directory are its own */

@@ -10,9 +10,12 @@
  * with octal numbers and a good checksum; any other type (hard links, devices, extended
  * headers); a name with a ".." component, a component starting with ".wh.", a parent
  * that is not in the chain, no name at all; a size, a count, a depth or a length over the
- * budget; an entry whose data is not all in buf; a name already there in its directory
- * (O_EXCL and mkdirat fail: Python clears a file, fd-relative, and merges a directory);
- * any syscall that fails. It writes only below the chain's directories, which Python
+ * budget; an entry whose data is not all in buf (*need says how many bytes it takes, so
+ * that the caller can read on and call again); a directory already there where a file or
+ * a symlink goes, or any name already there where a directory goes (Python removes a
+ * directory whole, fd-relative, and merges a directory over a directory); any syscall
+ * that fails. A file or a symlink already there is unlinked first (fstatat, unlinkat: its
+ * bytes freed as extract.py's _clear frees them), then the name is made new. It writes only below the chain's directories, which Python
  * opened component by component without following links or this run made new, and makes
  * each name new (O_CREAT|O_EXCL|O_NOFOLLOW, symlinkat, mkdirat), so it never follows a
  * link the image planted.
@@ -67,14 +70,16 @@ struct kx_done {
 /* Applies entries from buf[0:len] below chain; returns the bytes consumed (whole entries,
  * each with its data and padding), 0 where the first entry is not one it applies.
  * *n_done gets the entries applied, at most max_done; their paths go to paths (each
- * followed by a NUL), *paths_len bytes of it, at most paths_cap. chown_ids: 1 to give each
+ * followed by a NUL), *paths_len bytes of it, at most paths_cap. *need: 0, or the bytes
+ * from the end of what was consumed that the next entry (plain but for its data not all
+ * being in buf) takes. chown_ids: 1 to give each
  * entry the tar's (uid, gid), ids of 65536 and over becoming 65534 (extract.image_ids), 0
  * to leave the caller's. */
 int64_t karotte_extract_run(const uint8_t *buf, size_t len, struct kx_chain *chain,
                             int chown_ids, const struct kx_budget *budget,
                             struct kx_count *count, struct kx_done *done, size_t max_done,
                             size_t *n_done, uint8_t *paths, size_t paths_cap,
-                            size_t *paths_len);
+                            size_t *paths_len, size_t *need);
 
 /* The sha256 of each file of done[0:n] (whose data_off and size are in buf) into its
  * sha256. */

@@ -34,7 +34,7 @@ ffibuilder.cdef(
                                 int chown_ids, const struct kx_budget *budget,
                                 struct kx_count *count, struct kx_done *done,
                                 size_t max_done, size_t *n_done, uint8_t *paths,
-                                size_t paths_cap, size_t *paths_len);
+                                size_t paths_cap, size_t *paths_len, size_t *need);
     void karotte_extract_hash(const uint8_t *buf, struct kx_done *done, size_t n);
 
     struct kt_entry {

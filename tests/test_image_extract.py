@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from karotte.images import fastpath
+from karotte.images import extract as extract_module
 from karotte.images import tree as tree_module
 from karotte.images.extract import (EXTENDED_HEADER_LIMIT, RULES, LayerBudget, LayerError,
                                     TreeEntry, apply_layer, image_ids, manifest)
@@ -722,10 +723,12 @@ needs_native = pytest.mark.skipif(not fastpath.AVAILABLE,
                                   reason="karotte._native is not built (pip install -e .)")
 
 
-def _outcome(data: bytes, base: Path, native: bool, ids=None, then: bytes | None = None
+def _outcome(data: bytes, base: Path, native: bool, ids=None, then: bytes | None = None,
+             budget: LayerBudget = LayerBudget(max_bytes=1 << 20, max_file_size=1 << 20)
              ) -> tuple:
     """What applying data as two layers (the second `then`, or the first again: every
-    name there) gives: the rule refused, or the tree's manifest and mtimes after each."""
+    name there) gives: the rule refused, or the tree's manifest, mtimes and bytes of files
+    (as apply_layer counts them) after each."""
     base.mkdir()
     t = Tree(base)
     hashes: dict = {}
@@ -733,9 +736,8 @@ def _outcome(data: bytes, base: Path, native: bool, ids=None, then: bytes | None
         total, seen = 0, []
         for each in (data, data if then is None else then):
             total = apply_layer(io.BytesIO(each), t.fd, hashes=hashes, tree_bytes=total,
-                                native=native, ids=ids,
-                                budget=LayerBudget(max_bytes=1 << 20, max_file_size=1 << 20))
-            seen.append((manifest(t.fd, hashes), manifest(t.fd), _mtimes(t.path)))
+                                native=native, ids=ids, budget=budget)
+            seen.append((manifest(t.fd, hashes), manifest(t.fd), _mtimes(t.path), total))
         return ("tree", *seen[-1], seen[0])
     except LayerError as exc:
         return ("refused", exc.rule)
@@ -791,6 +793,36 @@ def test_the_c_fast_path_makes_the_tree_extract_py_makes(tmp_path, fmt):
     fast = _outcome(data, tmp_path / "fast", True)
     assert fast[0] == "tree" and fast == _outcome(data, tmp_path / "slow", False)
     assert fast[1] == fast[2]  # the hashes taken from extraction are the files' own
+
+
+@needs_native
+def test_the_c_fast_path_reads_on_for_an_entry_across_reads_and_replaces_what_is_there(
+        tmp_path, monkeypatch):
+    # Files across the reader's 1 MiB reads (the C run reads on for up to GROW bytes), one
+    # over GROW (left to extract.py), then the same layer again: each file and symlink
+    # replaced where it is (the old one unlinked first, its bytes freed), a file where a
+    # directory was (extract.py removes the directory), a directory where a file was.
+    rng = random.Random(5)
+    members = [folder("big")]
+    for i in range(40):
+        members.append(reg(f"big/f{i}", rng.randbytes(rng.choice([3_000, 90_000, 300_000]))))
+    members += [reg("big/huge", rng.randbytes(fastpath.GROW + 1)), sym("big/s", "f1"),
+                reg("big/hard", b"h"), hard("big/hard2", "big/hard"), folder("big/dir"),
+                reg("big/dir/x", b"x")]
+    data = layer(*members).getvalue()
+    then = layer(*members[1:21], folder("big/f20"), reg("big/f20/x", b"x"), *members[22:-2],
+                 reg("big/dir", b"a file now"), reg("big/hard", b"replaced")).getvalue()
+    budget = LayerBudget(max_bytes=64 << 20, max_file_size=16 << 20)
+    by_python: list[bytes] = []
+    file = extract_module._Layer._file
+    monkeypatch.setattr(extract_module._Layer, "_file", lambda self, tar, m, dirs, name: (
+        by_python.append(m.name), file(self, tar, m, dirs, name))[1])
+    fast = _outcome(data, tmp_path / "fast", True, then=then, budget=budget)
+    assert fast[0] == "tree"
+    # extract.py wrote only the file over GROW (each time), the second layer's first
+    # entry (in a lower directory, not yet in the chain) and the file on a directory
+    assert sorted(by_python) == [b"big/dir", b"big/f0", b"big/huge", b"big/huge"], by_python
+    assert fast == _outcome(data, tmp_path / "slow", False, then=then, budget=budget)
 
 
 @needs_native

@@ -175,23 +175,30 @@ class _Layer(Whiteouts):
 
     def _fast(self, tar: TarReader) -> None:
         """The plain entries that follow, below the chain of the entry before, applied by
-        csrc/extract.c (karotte/images/fastpath.py); it leaves the rest to _entry."""
+        csrc/extract.c (karotte/images/fastpath.py); it leaves the rest to _entry. An
+        entry of up to fastpath.GROW bytes whose data is not all read yet is read on
+        for, and the run goes on."""
         assert self.fast is not None
         if len(self.chain) > fastpath.CHAIN or \
                 sum(len(name) + 1 for name, _ in self.chain) > fastpath.CHAIN_PATH:
             return
-        view = tar.pending()
-        if len(view) < 1024:
-            return
-        try:  # the chain's fds are the C run's during it: it closes those it leaves
-            consumed, batch, self.chain, self.entries, self.read, self.total = \
-                self.fast.apply(view, self.chain, self.ids is not None, self.entries,
-                                self.read, self.total)
-        finally:
-            view.release()
-        tar.consume(consumed)
-        if batch is None:
-            return
+        need = 1024
+        while need <= fastpath.GROW and tar.more(need):
+            view = tar.pending()
+            try:  # the chain's fds are the C run's during it: it closes those it leaves
+                consumed, batch, self.chain, self.entries, self.read, self.total, need = \
+                    self.fast.apply(view, self.chain, self.ids is not None, self.entries,
+                                    self.read, self.total)
+            finally:
+                view.release()
+            tar.consume(consumed)
+            if batch is not None:
+                self._took(batch)
+            if not need:
+                return
+
+    def _took(self, batch: fastpath.Batch) -> None:
+        """What a C run applied, recorded as _entry records its own."""
         self.added.update(batch.paths)
         for path in batch.marks:
             self._hold(path.rpartition(b"/")[0])

@@ -18,6 +18,7 @@ except ImportError:  # the system Python of an unprivileged import, without cffi
     AVAILABLE = False
 
 _RUN = 4096  # entries applied per call at most
+GROW = 4 << 20  # bytes an entry may take for the caller to read on and call again
 _PATHS = 1 << 20  # bytes of the entries' paths per call at most
 CHAIN = 256  # csrc/extract.h's KX_CHAIN: a deeper chain is left to extract.py
 CHAIN_PATH = 4096  # KX_PATH
@@ -76,14 +77,16 @@ class Run:
         self._paths = ffi.new("uint8_t[]", _PATHS)
         self._n = ffi.new("size_t *")
         self._paths_len = ffi.new("size_t *")
+        self._need = ffi.new("size_t *")
 
     def apply(self, view: memoryview, chain: list[tuple[bytes, int]], chown_ids: bool,
               entries: int, read: int, total: int
-              ) -> tuple[int, Batch | None, list[tuple[bytes, int]], int, int, int]:
+              ) -> tuple[int, Batch | None, list[tuple[bytes, int]], int, int, int, int]:
         """Entries from view below chain (the (name, fd) of each directory from the root
         down, which the call takes over); the bytes consumed, what was applied (None:
-        nothing), the chain after it (the caller's to close) and the layer's counts
-        (entries, read, total) after them."""
+        nothing), the chain after it (the caller's to close), the layer's counts
+        (entries, read, total) after them, and the bytes the next entry takes where only
+        its data stopped the run (it was not all in view; else 0)."""
         c, count = self._chain, self._count
         path = b"/".join(name for name, _ in chain)
         c.n = len(chain)
@@ -96,12 +99,13 @@ class Run:
         done = _new("struct kx_done[]", room)  # the batch's own: its hashes come later
         consumed = lib.karotte_extract_run(ffi.from_buffer(view), len(view), c, int(chown_ids),
                                            self._budget, count, done, room, self._n,
-                                           self._paths, _PATHS, self._paths_len)
+                                           self._paths, _PATHS, self._paths_len, self._need)
         path = bytes(ffi.buffer(c.path, c.path_len))
         after = list(zip(path.split(b"/") if path else [], (c.fds[i] for i in range(c.n))))
         n = self._n[0]
+        need = self._need[0]
         if not n:
-            return consumed, None, after, count.entries, count.read, count.total
+            return consumed, None, after, count.entries, count.read, count.total, need
         paths = bytes(ffi.buffer(self._paths, self._paths_len[0] - 1)).split(b"\0")
         batch = Batch(view[:consumed], done, n, paths)
-        return consumed, batch, after, count.entries, count.read, count.total
+        return consumed, batch, after, count.entries, count.read, count.total, need

@@ -157,6 +157,16 @@ class TarReader:
         self._left = 0
         return self._chunk[self._at:]
 
+    def more(self, n: int) -> bool:
+        """Whether n bytes past the current member's data are read (read on for them, to
+        the end of the stream at most)."""
+        self._skip(self._left)
+        self._left = 0
+        while len(self._chunk) - self._at < n:
+            if not self._fill():
+                return False
+        return True
+
     def plain(self) -> bool:
         return not self._global
 
