@@ -13,8 +13,9 @@
 
 #define DIR_OPEN (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
 #define FILE_OPEN (O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC)
-#define MAX_DEPTH 4096 /* directories deep at most: a store tree's budget is far below */
+#define MAX_DEPTH 4096 /* directories deep at most (ELOOP past it): frames are small, data on the heap */
 #define READ (1 << 20)
+#define TARGET 4096 /* bytes of a symlink's target at most (PATH_MAX) */
 
 static int grow(void **buf, size_t *cap, size_t need, size_t unit) {
     if (need <= *cap)
@@ -69,16 +70,16 @@ static int64_t known_file(const int64_t *known, size_t n, const struct stat *st)
     return -1;
 }
 
-/* 0 hashed; 1 changed while read; -1 failed. */
-static int hash_file(int dir_fd, const char *name, const struct stat *st, uint8_t *out) {
+/* 0 hashed; 1 changed while read; -1 failed. buf: READ bytes to read into. */
+static int hash_file(int dir_fd, const char *name, const struct stat *st, uint8_t *out,
+                     uint8_t *buf) {
     int fd = openat(dir_fd, name, FILE_OPEN);
     if (fd < 0)
         return errno == ELOOP || errno == ENOENT ? 1 : -1;
     struct stat now;
     int rc = -1;
     EVP_MD_CTX *md = EVP_MD_CTX_new();
-    uint8_t *buf = malloc(READ);
-    if (!md || !buf || fstat(fd, &now) != 0)
+    if (!md || fstat(fd, &now) != 0)
         goto out;
     rc = 1;
     if (now.st_ino != st->st_ino || now.st_size != st->st_size || !S_ISREG(now.st_mode))
@@ -106,7 +107,6 @@ out:
         errno = EIO;
     int saved = errno;
     EVP_MD_CTX_free(md);
-    free(buf);
     close(fd);
     errno = saved;
     return rc;
@@ -177,10 +177,14 @@ fail: {
 }
 
 /* The entries below the directory fd whose path is text[path_off:+path_len]. */
+/* What the walk reads with: the known files, a buffer for file data and one for a
+ * symlink's target (on the heap: the walk recurses once per directory level). */
 struct known {
     const int64_t *pairs;
     const uint8_t *sha;
     size_t n;
+    uint8_t *data;  /* READ bytes */
+    char *target;   /* TARGET + 1 bytes */
 };
 
 static int walk_dir(int fd, size_t path_off, size_t path_len, int depth,
@@ -244,9 +248,9 @@ static int walk_dir(int fd, size_t path_off, size_t path_len, int depth,
             rc = walk_dir(cfd, child_off, child_len, depth + 1, known, t);
             close(cfd);
         } else if (S_ISLNK(st.st_mode)) {
-            char target[4097];
-            ssize_t n = readlinkat(fd, name, target, sizeof target);
-            if (n < 0 || n == (ssize_t)sizeof target || n != st.st_size) {
+            char *target = known->target;
+            ssize_t n = readlinkat(fd, name, target, TARGET + 1);
+            if (n < 0 || n == TARGET + 1 || n != st.st_size) {
                 if (n < 0 && errno != EINVAL && errno != ENOENT) {
                     rc = -1;
                     break;
@@ -276,7 +280,7 @@ static int walk_dir(int fd, size_t path_off, size_t path_len, int depth,
                 memcpy(e->sha256, known->sha + 32 * at, 32);
                 e->hashed = 2;
             } else {
-                int h = hash_file(fd, name, &st, e->sha256);
+                int h = hash_file(fd, name, &st, e->sha256, known->data);
                 if (h != 0) {
                     t->changed = h == 1;
                     rc = h;
@@ -303,23 +307,22 @@ static int walk_dir(int fd, size_t path_off, size_t path_len, int depth,
 
 int karotte_tree_walk(int root_fd, const int64_t *pairs, const uint8_t *known_sha,
                       size_t n_known, struct kt_tree *t) {
-    struct known known = {pairs, known_sha, n_known};
+    struct known known = {pairs, known_sha, n_known, malloc(READ), malloc(TARGET + 1)};
     struct stat st;
-    int fd = openat(root_fd, ".", DIR_OPEN);
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        t->err = errno;
-        if (fd >= 0)
-            close(fd);
-        return -1;
+    int rc = -1, fd = openat(root_fd, ".", DIR_OPEN);
+    if (!known.data || !known.target)
+        errno = ENOMEM;
+    else if (fd >= 0 && fstat(fd, &st) == 0 && put_entry(t, &st, KT_DIR, 0, 0)) {
+        t->n++;
+        rc = walk_dir(fd, 0, 0, 0, &known, t);
+    } else if (fd >= 0 && !errno) {
+        errno = ENOMEM;
     }
-    if (!put_entry(t, &st, KT_DIR, 0, 0)) {
+    if (rc < 0 && !t->err)
+        t->err = errno ? errno : ENOMEM;
+    if (fd >= 0)
         close(fd);
-        t->err = ENOMEM;
-        return -1;
-    }
-    t->n++;
-    int rc = walk_dir(fd, 0, 0, 0, &known, t);
-    close(fd);
+    free(known.data), free(known.target);
     return rc;
 }
 

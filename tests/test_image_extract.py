@@ -571,6 +571,25 @@ def test_the_c_walk_lists_the_manifest_the_python_walk_lists(tree):
         assert "file type 0o10000" in err.value.detail
 
 
+@pytest.mark.skipif(not tree_module.NATIVE, reason="karotte._native is not built (pip install -e .)")
+def test_the_c_walk_of_a_deep_tree_with_long_targets_lists_what_the_python_walk_lists(tree):
+    # 600 directories deep, a symlink of the longest target at every level: the C walk
+    # keeps no per-level buffer on its stack.
+    at = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=tree.fd)
+    try:
+        for i in range(600):
+            os.symlink("t" * 4095, f"s{i}", dir_fd=at)
+            os.mkdir("d", dir_fd=at)
+            nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=at)
+            os.close(at)
+            at = nxt
+    finally:
+        os.close(at)
+    python = tree_module._manifest_python(tree.fd, {})
+    assert len(python) == 1 + 2 * 600
+    assert tree_module.manifest(tree.fd, {}) == python
+
+
 def test_layer_error_names_entry_rule_and_detail_escaped():
     err = LayerError(escape(b"a\nb\xff"), "IMG-DEVICE-01", "a FIFO is not allowed")
     assert err.entry == "a\\x0ab\\xff"

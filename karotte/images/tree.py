@@ -12,6 +12,7 @@ from __future__ import annotations
 import array
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -36,6 +37,7 @@ except ImportError:  # the system Python of an unprivileged import, without cffi
     _ffi = _lib = None
     NATIVE = False
 _KT_FILE, _KT_SYMLINK = 0, 1  # csrc/tree.h's KT_FILE, KT_SYMLINK (KT_DIR: the rest)
+_MAX_DEPTH = 4096  # csrc/tree.c's MAX_DEPTH: a deeper tree is refused (ELOOP)
 # struct kt_entry as csrc/tree.h lays it out: ino, size, mode, uid, gid, kind, path_off,
 # path_len, target_off, target_len, hashed, sha256, then the compiler's padding.
 _PLAIN_TEXT = re.compile(rb"[\x20-\x5b\x5d-\x7e]*")  # what results.escape keeps as it is
@@ -231,6 +233,8 @@ def _walk(root_fd: int, hashes: Hashes) -> Iterator[tuple[Any, bytes]]:
         rc = _lib.karotte_tree_walk(root_fd, _ffi.from_buffer("int64_t[]", known)
                                     if inos else _ffi.NULL, digests, len(inos), t)
         text = bytes(_ffi.buffer(t.text, t.len)) if t.len else b""
+        if rc < 0 and t.err == errno.ELOOP:
+            raise LayerError(".", "IMG-TREE-01", f"deeper than {_MAX_DEPTH} directories")
         if rc < 0:
             raise OSError(t.err, f"listing the tree for its manifest: {os.strerror(t.err)}")
         if rc == 1:  # the path that stopped the walk follows the entries
