@@ -39,7 +39,7 @@ from .limiter import Limiter, Slots, default_limiter
 from .mounts import WORKSPACE
 from .outcome import (ARGUMENT_LOG_LIMIT, EPISODE_REACHES, GRADER_LOG_RECORD_LIMIT,
                       INFRA_ERROR_LIMIT, ExecRecord, Outcome, Timings, bounded_details)
-from .results import EgressRecord, ExecResult, capped
+from .results import EgressRecord, ExecResult, IpRecord, capped
 from .sandbox import AsyncSandbox, Sandbox
 from .scan import ScanLimits
 from .seeding import env_name, env_seed
@@ -118,6 +118,7 @@ class _Flow:
         self.network = phase_policy(self.env.network, self.headers, f"{name}.network")
         phase_policy(self.env.grader_network, self.headers, f"{name}.grader_network")
         self.egress_of: Callable[[], EgressRecord | None] = lambda: None
+        self.ip_of: Callable[[], IpRecord | None] = lambda: None  # the ip mode's
         self.seed = _seed(seed)  # the trainer's; the environment only ever sees env_seed
         self.env_seed = env_seed(self.env, self.seed, key)
         self.name = env_name(self.env)
@@ -277,7 +278,7 @@ class _Flow:
             self.outcome(None, "budget_exhausted")
             text += f"[karotte: {self.budget_note()}; the episode is over]\n"
         return ToolResult(text, result.exit_code, result.timed_out, truncated,
-                          result.wall_seconds, egress)
+                          result.wall_seconds, egress, result.egress_ip)
 
     def give_up(self) -> Outcome:
         self.log.append(ExecRecord("give_up", "", None, False, False, 0.0))
@@ -300,7 +301,7 @@ class _Flow:
                           custody.scan_seconds if custody else 0.0, grade_seconds,
                           time.monotonic() - self.t_start)
         details, dropped = bounded_details(report.details) if report else ({}, 0)
-        egress = self.egress_of()
+        egress, ip = self.egress_of(), self.ip_of()
         self.running = False
         self.finished = Outcome(
             self.name, self.seed, bottom if reward is None else reward, reason,
@@ -311,7 +312,8 @@ class _Flow:
             capped(report.log, GRADER_LOG_RECORD_LIMIT) if report else "",
             custody.changed_paths if custody else 0, custody.deleted_paths if custody else 0,
             egress.bounded(EPISODE_REACHES) if egress is not None else None,
-            report.egress if report else None)
+            report.egress if report else None,
+            ip.bounded(EPISODE_REACHES) if ip is not None else None)
         return self.finished
 
     def judge(self, custody: Custody) -> Outcome | None:
@@ -429,6 +431,7 @@ class Episode(_Facts[Sandbox]):
         prompt, setup = flow.prepare()
         self._sandbox = Sandbox(flow.agent_spec())
         flow.egress_of = self._sandbox.egress_record  # readable after its close too
+        flow.ip_of = self._sandbox.ip_record
         try:
             if flow.on_image:
                 flow.tools_there(self._sandbox.exec(IMAGE_TOOLS))
@@ -538,6 +541,7 @@ class AsyncEpisode(_Facts[AsyncSandbox]):
             spec = await self._in_thread(flow.agent_spec) if flow.on_image else flow.agent_spec()
             self._sandbox = await AsyncSandbox(spec).start()
             flow.egress_of = self._sandbox.egress_record
+            flow.ip_of = self._sandbox.ip_record
             if flow.on_image:
                 flow.tools_there(await self._sandbox.exec(IMAGE_TOOLS))
             if setup:
