@@ -553,11 +553,12 @@ def test_EGRESS_IPFLOOD_03_a_flood_past_bytes_per_second_is_paced_and_named(peer
 
 def test_EGRESS_IPISOLATION_02_two_sandboxes_with_different_limits_at_once(peer):
     """Each sandbox's limits are its own table's: one at 512 KiB/s and one connection,
-    beside one with the default limits, both moving 2 MB at the same time."""
+    beside one with no pace and no quota, both moving 2 MB at the same time."""
     import threading
     slow_limits = EgressLimits(max_connections=1, bytes_per_second=512 * 1024)
+    fast_limits = EgressLimits(bytes_per_second=None, max_bytes=None)
     with ip_sandbox([f"{peer.a}:7000"], slow_limits) as slow, \
-            ip_sandbox([f"{peer.a}:7000"]) as fast:
+            ip_sandbox([f"{peer.a}:7000"], fast_limits) as fast:
         results = {}
 
         def run(name, sb, what, n):

@@ -15,7 +15,12 @@ code runs (karotte/net.py, from Sandbox start, while init waits for its go):
   which touches no packet but this veth's and none of the host's other rules: packets
   from the sandbox to an allowed address and port (TCP or UDP) are accepted and
   masqueraded, replies come back, everything else is rejected and counted, and nothing
-  reaches the host itself (input), whatever its address.
+  reaches the host itself (input), whatever its address. The policy's EgressLimits are
+  rules of the same table: `ct count` for max_connections, one named `limit` (a token
+  bucket) for bytes_per_second and one named `quota` for max_bytes, each over both
+  directions of all the sandbox's flows (docs/egress.md, "the limits");
+- dynamic sets that count each remote end per reason, which record() reads and a
+  Sandbox reads as each exec begins and ends (IpRecord.since), for ExecResult.egress_ip.
 
 The allow-list is the proxy's grammar (karotte/egress/policy.py, mode="ip"); each name is
 resolved once, on the host, at start, through the proxy's own check (check.py), so the
@@ -239,8 +244,7 @@ class IpLink:
             allowed.append("limit name pace goto over_rate_out")
             inbound.append("limit name pace goto over_rate_in")
         if limits.max_bytes is not None:
-            objects += [f"quota total {{ over {limits.max_bytes} bytes }}",
-                        f"quota grace {{ over {QUOTA_GRACE} bytes }}"]
+            objects.append(f"quota total {{ over {limits.max_bytes} bytes }}")
             allowed.append("quota name total goto over_bytes_out")
             inbound.append("quota name total goto over_bytes_in")
         rules = lambda lines: "\n        ".join(lines)  # noqa: E731
@@ -249,6 +253,7 @@ table inet {self.table} {{
     counter refused {{ }}
     counter sent_total {{ }}
     counter received_total {{ }}
+    quota grace {{ over {QUOTA_GRACE} bytes }}
     {"; ".join(objects)}
     set allow {{
         type ipv4_addr . inet_service; flags interval
