@@ -491,8 +491,9 @@ def test_an_exec_record_counts_a_background_process_of_an_earlier_exec(peer):
     sends while a later exec runs is in the later one's record (docs/egress.md)."""
     with ip_sandbox([f"{peer.a}:5432"]) as sb:
         first = sb.exec(["sh", "-c", f"(sleep 1; python3 -c '{CLIENT}' tcp:{peer.a}:5432 "
-                                     ">/dev/null) >/dev/null 2>&1 &"])
-        later = sb.exec(["sleep", "3"])
+                                     ">/dev/null; touch /workspace/done) >/dev/null 2>&1 &"])
+        later = sb.exec(["sh", "-c", "until [ -e /workspace/done ]; do sleep 0.05; done"],
+                        timeout=60)
     assert first.egress_ip.reaches == ()
     assert [(r.port, r.reason) for r in later.egress_ip.reaches] == [(5432, "ok")]
 
@@ -591,7 +592,7 @@ FLOOD = textwrap.dedent("""
 """)
 
 
-def test_EGRESS_IPREC_BOUND_01_a_flood_of_refused_destinations_keeps_the_records_bounded(peer):
+def test_EGRESS_IPBOUND_01_a_flood_of_refused_destinations_keeps_the_records_bounded(peer):
     """1500 refused destinations in one exec: the rules keep REFUSED_KEPT per reason, the
     exec's result holds EXEC_REACHES and counts the rest, the totals count every packet."""
     with ip_sandbox([f"{peer.a}:5432"]) as sb:

@@ -39,6 +39,7 @@ import concurrent.futures
 import ctypes
 import ctypes.util
 import errno
+import functools
 import ipaddress
 import json
 import os
@@ -228,8 +229,7 @@ class IpLink:
             for p in (map(str, r.ports) if r.ports is not None else ("0-65535",)))
         iface, me = f'"{self.interface}"', self.sandbox_address
         refuse = 'counter name refused reject with icmpx type admin-prohibited'
-        key = "meta l4proto {{ tcp, udp }} add @{} {{ ip {}addr . meta l4proto . th {}port }}"
-        to, back = (lambda s: key.format(s, "d", "d")), (lambda s: key.format(s, "s", "s"))
+        to, back = functools.partial(_note, end="d"), functools.partial(_note, end="s")
         dynamic = (f"type ipv4_addr . inet_proto . inet_service; size {REFUSED_KEPT}; "
                    "flags dynamic; counter;")
         sets = "\n    ".join(f"set {name} {{ {dynamic} }}" for name in
@@ -247,7 +247,7 @@ class IpLink:
             objects.append(f"quota total {{ over {limits.max_bytes} bytes }}")
             allowed.append("quota name total goto over_bytes_out")
             inbound.append("quota name total goto over_bytes_in")
-        rules = lambda lines: "\n        ".join(lines)  # noqa: E731
+        rules = "\n        ".join
         return f"""
 table inet {self.table} {{
     counter refused {{ }}
@@ -365,6 +365,13 @@ table inet {self.table} {{
                 _nft(f'delete table inet {self.table}')
             except EgressConfigError:
                 pass  # not loaded yet
+
+
+def _note(name: str, end: str) -> str:
+    """The rule that counts a packet in the set `name` by its remote end: the destination
+    of what the sandbox sends (end "d"), the source of what comes back to it ("s")."""
+    return (f"meta l4proto {{ tcp, udp }} add @{name} "
+            f"{{ ip {end}addr . meta l4proto . th {end}port }}")
 
 
 def _order(reach: IpReach) -> tuple:
