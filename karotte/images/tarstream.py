@@ -104,11 +104,17 @@ class TarReader:
         self.started = False  # a first header was read
 
     def _fill(self) -> bool:
-        data = self._stream.read(_READ)
-        if not data:
-            return False
+        """More of the stream after what is left of the chunk, read into a new buffer
+        (never written again once filled: views of it are handed out and hashed by other
+        threads, and the stream's readinto may hand it to a copy thread too)."""
         rest = self._chunk[self._at:]
-        self._chunk = memoryview(bytes(rest) + data if rest else data)
+        buf = bytearray(len(rest) + _READ)
+        buf[:len(rest)] = rest
+        with memoryview(buf) as view:
+            n = self._stream.readinto(view[len(rest):])
+        if not n:
+            return False
+        self._chunk = memoryview(buf)[:len(rest) + n].toreadonly()
         self._at = 0
         return True
 
