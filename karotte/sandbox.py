@@ -13,6 +13,7 @@ event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import select
 import termios
@@ -30,6 +31,9 @@ from .sandbox_core import _Core
 from .spec import SandboxSpec
 
 SETUP_TIMEOUT = 10.0  # seconds for init to build the root and report ready
+BUSY = ("another exec of this sandbox is running (from another thread, or from an on_output "
+        "callback), and two would race for init's replies: a Sandbox runs one exec at a time; "
+        "use one Sandbox per thread, or AsyncSandbox, which queues concurrent execs")
 
 
 class _Facts:
@@ -86,6 +90,7 @@ class Sandbox(_Facts):
                  cgroup_parent: cgroups.Cgroup | None = None):
         """cgroup_parent nests this sandbox's cgroup under another (which, on cgroup v2,
         must hold no processes): its limits then bound this one too."""
+        self._driving = threading.Lock()  # held by the one exec being run (BUSY)
         self._core = _Core(spec or SandboxSpec(), cgroup_parent)
         self._core.start()
         poller = select.poll()
@@ -110,9 +115,10 @@ class Sandbox(_Facts):
         still keeps the first output_limit bytes of each. pass_fds are host fds that
         the command gets as fds 3, 4, ... (a private channel to its caller).
         """
-        op = self._core.begin_exec(argv, stdin, timeout, env, cwd, on_output,
-                                   pass_fds=pass_fds)
-        return self._finish(op)
+        with self._one_exec():
+            op = self._core.begin_exec(argv, stdin, timeout, env, cwd, on_output,
+                                       pass_fds=pass_fds)
+            return self._finish(op)
 
     def open_terminal(self, argv: Sequence[str] | str, *, timeout: float | None = None,
                       env: Mapping[str, str] | None = None,
@@ -121,15 +127,25 @@ class Sandbox(_Facts):
 
         Relay Terminal.fd (the pty master) yourself, then call Terminal.wait().
         """
-        op = self._core.begin_exec(argv, b"", timeout, env, cwd, terminal=True)
-        try:
-            drive_sync(op, until=lambda: op.terminal_fd is not None)
-        except BaseException:
-            op.cancel()
-            raise
+        with self._one_exec():
+            op = self._core.begin_exec(argv, b"", timeout, env, cwd, terminal=True)
+            try:
+                drive_sync(op, until=lambda: op.terminal_fd is not None)
+            except BaseException:
+                op.cancel()
+                raise
         if op.terminal_fd is None:  # it could not start
             return Terminal(self, op, -1)
         return Terminal(self, op, op.terminal_fd)
+
+    @contextlib.contextmanager
+    def _one_exec(self):
+        if not self._driving.acquire(blocking=False):
+            raise SandboxError(BUSY)
+        try:
+            yield
+        finally:
+            self._driving.release()
 
     def _finish(self, op: ExecOp) -> ExecResult:
         try:
@@ -166,7 +182,8 @@ class Terminal:
 
     def wait(self) -> ExecResult:
         """Wait for the command to end (output may still be buffered in fd)."""
-        return self.sandbox._finish(self.op)
+        with self.sandbox._one_exec():
+            return self.sandbox._finish(self.op)
 
     def close(self) -> None:
         if self.fd >= 0:
