@@ -123,7 +123,7 @@ class IpReach:
 class IpRecord:
     """What the nftables rules of one sandbox in the ip mode counted (of one exec: what
     they counted from its start to its end). reaches: allowed ones first, then refused,
-    each by address; the rules keep at most REFUSED_KEPT remote ends per reason
+    each by address; the rules keep at most ENDS_KEPT remote ends per reason
     (karotte/egress/ip.py) and a record holds at most its bound, the rest counted in
     `dropped`; the totals count every packet, past both. refused_*: every packet refused
     or dropped, either way, forged sources too."""

@@ -593,17 +593,17 @@ FLOOD = textwrap.dedent("""
 
 
 def test_EGRESS_IPBOUND_01_a_flood_of_refused_destinations_keeps_the_records_bounded(peer):
-    """1500 refused destinations in one exec: the rules keep REFUSED_KEPT per reason, the
+    """1500 refused destinations in one exec: the rules keep ENDS_KEPT per reason, the
     exec's result holds EXEC_REACHES and counts the rest, the totals count every packet."""
     with ip_sandbox([f"{peer.a}:5432"]) as sb:
         r = sb.exec(["python3", "-c", FLOOD, peer.a, "1500"], timeout=60)
     record = r.egress_ip
     assert len(record.reaches) == EXEC_REACHES
-    assert record.total == ip.REFUSED_KEPT  # what the kernel's set kept
+    assert record.total == ip.ENDS_KEPT  # what the kernel's set kept
     assert record.refused_packets >= 1500
     assert len(json.dumps(record.to_dict())) < 64 * 1024
     whole = sb.ip_record()
-    assert len(whole.reaches) == ip.REFUSED_KEPT and whole.refused_packets >= 1500
+    assert len(whole.reaches) == ip.ENDS_KEPT and whole.refused_packets >= 1500
 
 
 def test_the_episode_outcome_and_tool_results_carry_the_ip_record(peer):

@@ -61,7 +61,11 @@ SLOTS = RANGE.num_addresses // 4
 IFNAME_PREFIX = "kip"  # kip<SLOT>: IFNAMSIZ leaves no room for a names.leaf_name()
 INSIDE_IFNAME = "eth0"
 TABLE_TAG = "ip"
-REFUSED_KEPT = 1024  # remote ends the rules name per reason, per sandbox (totals count on)
+# Remote ends the rules name per reason, per sandbox (the totals count on past them). Each
+# exec lists them twice, and a listing costs about 0.04 ms an element here (44 ms for a
+# full set of 1024): the agent chooses how many there are, so few enough to stay cheap,
+# and more than an Outcome holds (EPISODE_REACHES).
+ENDS_KEPT = 256
 MIN_BUCKET = 128 * 1024  # bytes: the pace's bucket holds at least two GSO packets
 # Past max_bytes, TCP replies still reach the sandbox up to this much more (all its flows
 # together), so that its next packet, refused with a reset, fails its connection at once
@@ -230,7 +234,7 @@ class IpLink:
         iface, me = f'"{self.interface}"', self.sandbox_address
         refuse = 'counter name refused reject with icmpx type admin-prohibited'
         to, back = functools.partial(_note, end="d"), functools.partial(_note, end="s")
-        dynamic = (f"type ipv4_addr . inet_proto . inet_service; size {REFUSED_KEPT}; "
+        dynamic = (f"type ipv4_addr . inet_proto . inet_service; size {ENDS_KEPT}; "
                    "flags dynamic; counter;")
         sets = "\n    ".join(f"set {name} {{ {dynamic} }}" for name in
                               ("sent", "received", *(n for n, _ in REFUSED_SETS)))
