@@ -543,13 +543,16 @@ def test_EGRESS_IPFLOOD_03_a_flood_past_bytes_per_second_is_paced_and_named(peer
     at 512 KiB/s take seconds, not milliseconds; the packets over the rate are dropped,
     counted, and named "bytes_per_second"."""
     limits = EgressLimits(bytes_per_second=512 * 1024)
-    with ip_sandbox([f"{peer.a}:7000"], limits) as sb:
+    with ip_sandbox([f"{peer.a}:7000", f"{peer.a}:7001"], limits) as sb:
         out, r = move(sb, "up", peer.a, 2_000_000)
-    assert out.startswith("ok 2000000"), out
-    assert float(out.split()[-1]) > 2.0, out  # (2 MB - one second's bucket) / 512 KiB/s
-    paced = by_reason(r.egress_ip)[(peer.a, 7000, "tcp", "bytes_per_second")]
-    assert not paced.allowed and paced.packets >= 1
-    assert r.egress_ip.refused_packets >= paced.packets
+        down, r_down = move(sb, "down", peer.a, 2_000_000)
+    assert out.startswith("ok 2000000") and down.startswith("ok 2000000"), (out, down)
+    # (2 MB - one second's bucket) / 512 KiB/s, each way
+    assert float(out.split()[-1]) > 2.0 and float(down.split()[-1]) > 2.0, (out, down)
+    for record, port in ((r.egress_ip, 7000), (r_down.egress_ip, 7001)):
+        paced = by_reason(record)[(peer.a, port, "tcp", "bytes_per_second")]
+        assert not paced.allowed and paced.packets >= 1
+        assert record.refused_packets >= paced.packets
 
 
 def test_EGRESS_IPISOLATION_02_two_sandboxes_with_different_limits_at_once(peer):
