@@ -400,6 +400,10 @@ def test_EGRESS_IPORPHAN_01_gc_removes_what_a_killed_trainer_left(peer):
     assert [r.removed for r in removals] == [True], removals
     assert host_state() == ([], [])
     assert not [f for f in gc.find() if f.kind == gc.NETWORK]
+    # the killed trainer's cgroup and directories are this test's leftovers too
+    trainer_prefix = table.rsplit("-", 2)[0] + "-"
+    rest = [f for f in gc.find() if f.name.startswith(trainer_prefix)]
+    assert all(r.removed for r in gc.remove(rest))
 
 
 def test_refused_for_a_caller_that_is_not_root():
