@@ -38,7 +38,7 @@ from .limiter import DEFAULT_CONCURRENCY, set_concurrency  # noqa: F401 (their o
 from .limiter import Limiter, Slots, default_limiter
 from .mounts import WORKSPACE
 from .outcome import ARGUMENT_LOG_LIMIT, ExecRecord, Outcome
-from .results import EgressRecord, ExecResult, capped
+from .results import EgressRecord, ExecResult, IpRecord, capped
 from .sandbox import AsyncSandbox, Sandbox
 from .scan import ScanLimits
 from .scoring import Scoring
@@ -119,6 +119,7 @@ class _Flow(Scoring):
         self.network = phase_policy(self.env.network, self.headers, f"{name}.network")
         phase_policy(self.env.grader_network, self.headers, f"{name}.grader_network")
         self.egress_of: Callable[[], EgressRecord | None] = lambda: None
+        self.ip_of: Callable[[], IpRecord | None] = lambda: None
         self.seed = _seed(seed)  # the trainer's; the environment only ever sees env_seed
         self.env_seed = env_seed(self.env, self.seed, key)
         self.name = env_name(self.env)
@@ -278,7 +279,7 @@ class _Flow(Scoring):
             self.outcome(None, "budget_exhausted")
             text += f"[karotte: {self.budget_note()}; the episode is over]\n"
         return ToolResult(text, result.exit_code, result.timed_out, truncated,
-                          result.wall_seconds, egress)
+                          result.wall_seconds, egress, result.egress_ip)
 
     def give_up(self) -> Outcome:
         self.log.append(ExecRecord("give_up", "", None, False, False, 0.0))
@@ -384,6 +385,7 @@ class Episode(_Facts[Sandbox]):
         prompt, setup = flow.prepare()
         self._sandbox = Sandbox(flow.agent_spec())
         flow.egress_of = self._sandbox.egress_record  # readable after its close too
+        flow.ip_of = self._sandbox.ip_record
         try:
             if flow.on_image:
                 flow.tools_there(self._sandbox.exec(IMAGE_TOOLS))
@@ -493,6 +495,7 @@ class AsyncEpisode(_Facts[AsyncSandbox]):
             spec = await self._in_thread(flow.agent_spec) if flow.on_image else flow.agent_spec()
             self._sandbox = await AsyncSandbox(spec).start()
             flow.egress_of = self._sandbox.egress_record
+            flow.ip_of = self._sandbox.ip_record
             if flow.on_image:
                 flow.tools_there(await self._sandbox.exec(IMAGE_TOOLS))
             if setup:

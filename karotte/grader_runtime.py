@@ -27,7 +27,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Sequence
 
-from .results import EgressRecord, ExecResult
+from .results import EgressRecord, ExecResult, IpRecord
 from .spec import MiB
 
 REPLY_SLACK = 256 * 1024  # a run reply's JSON and base64 around its output
@@ -172,6 +172,7 @@ def encode_result(result: ExecResult) -> dict:
     out["stdout"] = base64.b64encode(result.stdout).decode()
     out["stderr"] = base64.b64encode(result.stderr).decode()
     out["egress"] = result.egress.to_dict() if result.egress is not None else None
+    out["egress_ip"] = result.egress_ip.to_dict() if result.egress_ip is not None else None
     return out
 
 
@@ -207,6 +208,8 @@ def decode_result(obj: dict) -> ExecResult:
     values["stderr"] = base64.b64decode(obj["stderr"])
     if values["egress"] is not None:
         values["egress"] = EgressRecord.from_dict(values["egress"])
+    if values["egress_ip"] is not None:
+        values["egress_ip"] = IpRecord.from_dict(values["egress_ip"])
     return ExecResult(**values)
 
 

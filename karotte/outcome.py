@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from .results import REASONS, EgressRecord
+from .results import REASONS, EgressRecord, IpRecord
 from .scan import Violation
 from .spec import KiB
 
@@ -21,7 +21,7 @@ DETAILS_LIMIT = 64 * KiB  # of the grader's details, whole top-level entries
 GRADER_LOG_RECORD_LIMIT = 64 * KiB
 INFRA_ERROR_LIMIT = 4 * KiB
 EPISODE_REACHES = 200  # of the agent's egress an Outcome holds (the proxy keeps 1000): with
-# grader_egress's RUN_REACHES, the record stays under 1 MiB (REC-BOUND-01)
+# grader_egress's RUN_REACHES, the record stays under 1 MiB (REC-BOUND-01); egress_ip too
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,8 @@ class Outcome:
     egress: EgressRecord | None = None
     # with Environment.grader_network: what the grader's ctx.run reached
     grader_egress: EgressRecord | None = None
+    # in the ip mode: what the rules of the agent's sandbox counted, all of the episode
+    egress_ip: IpRecord | None = None
 
     def __post_init__(self):
         if self.reason not in REASONS:
@@ -90,6 +92,7 @@ class Outcome:
             "deleted_paths": self.deleted_paths,
             "egress": None if self.egress is None else self.egress.to_dict(),
             "grader_egress": None if self.grader_egress is None else self.grader_egress.to_dict(),
+            "egress_ip": None if self.egress_ip is None else self.egress_ip.to_dict(),
         }
 
 

@@ -86,6 +86,114 @@ class EgressRecord:
 
 
 @dataclass(frozen=True)
+class IpRule:
+    """One allowed destination of the ip mode, as the nftables set holds it."""
+
+    entry: str  # the allow-list entry it came from ("db.example:5432")
+    network: str  # "10.0.0.5/32"
+    ports: tuple[int, ...] | None  # None: any port
+
+
+@dataclass(frozen=True)
+class IpReach:
+    """What the ip mode's rules counted for one remote end (karotte/egress/ip.py): an
+    address, protocol and port the sandbox sent to, with one reason of
+    karotte.egress.REASONS. "ok": allowed, `packets` and `bytes` what the sandbox sent,
+    `received_*` the replies it got. Refused: "ip_literal" (not listed),
+    "internal_address" (the host's own addresses), "connections", "bytes_per_second" or
+    "bytes_total" (past the policy's EgressLimits), the packets refused or dropped, either
+    way for the last two. Bytes are of whole IP packets, headers included."""
+
+    address: str  # "10.0.0.5"
+    port: int
+    protocol: str  # "tcp" or "udp"
+    allowed: bool
+    reason: str
+    packets: int
+    bytes: int
+    received_packets: int = 0
+    received_bytes: int = 0
+
+    @property
+    def key(self) -> tuple[str, int, str, str]:
+        return self.address, self.port, self.protocol, self.reason
+
+
+@dataclass(frozen=True)
+class IpRecord:
+    """What the nftables rules of one sandbox in the ip mode counted (of one exec: what
+    they counted from its start to its end). reaches: allowed ones first, then refused,
+    each by address; the rules keep at most ENDS_KEPT remote ends per reason
+    (karotte/egress/ip.py) and a record holds at most its bound, the rest counted in
+    `dropped`; the totals count every packet, past both. refused_*: every packet refused
+    or dropped, either way, forged sources too."""
+
+    interface: str
+    sandbox_address: str
+    rules: tuple[IpRule, ...]
+    reaches: tuple[IpReach, ...]
+    refused_packets: int
+    refused_bytes: int
+    sent_packets: int = 0  # allowed, from the sandbox
+    sent_bytes: int = 0
+    received_packets: int = 0  # allowed replies, to the sandbox
+    received_bytes: int = 0
+    dropped: int = 0  # reaches past the bound, counted, not held
+
+    _TOTALS = ("refused_packets", "refused_bytes", "sent_packets", "sent_bytes",
+               "received_packets", "received_bytes")
+
+    @property
+    def refused(self) -> tuple[IpReach, ...]:
+        return tuple(r for r in self.reaches if not r.allowed)
+
+    @property
+    def total(self) -> int:
+        """Every reach the record saw, held or dropped."""
+        return len(self.reaches) + self.dropped
+
+    def since(self, earlier: IpRecord) -> IpRecord:
+        """What the counters added from `earlier` (a record of the same sandbox) to this
+        one: the reaches whose counts grew, by how much, and the totals' growth."""
+        before = {r.key: r for r in earlier.reaches}
+        grown = []
+        for r in self.reaches:
+            b = before.get(r.key)
+            if b is not None:
+                r = replace(r, packets=r.packets - b.packets, bytes=r.bytes - b.bytes,
+                            received_packets=r.received_packets - b.received_packets,
+                            received_bytes=r.received_bytes - b.received_bytes)
+            if r.packets or r.received_packets:
+                grown.append(r)
+        return replace(self, reaches=tuple(grown), dropped=0, **{
+            name: getattr(self, name) - getattr(earlier, name) for name in self._TOTALS})
+
+    def bounded(self, limit: int) -> IpRecord:
+        """At most `limit` reaches held, the rest counted in dropped (REC-BOUND-01; every
+        text of a reach is an address, a port or a name of the rules)."""
+        return replace(self, reaches=self.reaches[:limit], dropped=self.total - min(
+            limit, len(self.reaches)))
+
+    def to_dict(self) -> dict:
+        out = {f: getattr(self, f) for f in ("interface", "sandbox_address")}
+        out["rules"] = [{"entry": r.entry, "network": r.network,
+                         "ports": list(r.ports) if r.ports is not None else None}
+                        for r in self.rules]
+        out["reaches"] = [r.__dict__.copy() for r in self.reaches]
+        out.update({name: getattr(self, name) for name in self._TOTALS + ("dropped",)})
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> IpRecord:
+        rules = tuple(IpRule(r["entry"], r["network"],
+                             tuple(r["ports"]) if r["ports"] is not None else None)
+                      for r in data["rules"])
+        return cls(data["interface"], data["sandbox_address"], rules,
+                   tuple(IpReach(**r) for r in data["reaches"]),
+                   **{name: int(data[name]) for name in cls._TOTALS + ("dropped",)})
+
+
+@dataclass(frozen=True)
 class ExecResult:
     """How one command ended. Exactly one of exit_code and signal is set, unless the
     command could not start (error is set, exit_code 127)."""
@@ -107,6 +215,9 @@ class ExecResult:
     # With a network policy: what the sandbox reached from this exec's start to its end
     # (at most EXEC_REACHES, docs/egress.md "The record of each exec"); None with "none"
     egress: EgressRecord | None = None
+    # In the ip mode: what its rules counted from this exec's start to its end (at most
+    # EXEC_REACHES held, docs/egress.md "The ip mode's record"); None in the other modes
+    egress_ip: IpRecord | None = None
 
     @property
     def ok(self) -> bool:

@@ -72,6 +72,12 @@ class _Facts:
         session = self._core.egress or self._core.egress_closed
         return session.record() if session is not None else None
 
+    def ip_record(self):
+        """What the ip mode's rules counted so far, after close() all of it (a frozen
+        karotte.results.IpRecord), or None in the other modes."""
+        link = self._core.ip or self._core.ip_closed
+        return link.record() if link is not None else None
+
 
 class Sandbox(_Facts):
     """A live sandbox. Use as a context manager; exit always cleans up.

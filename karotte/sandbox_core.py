@@ -59,12 +59,14 @@ class _Core:
         self.egress = None  # the EgressSession serving its listeners (karotte/net.py)
         self.egress_closed = None  # that session once closed, for its record
         self.ip = None  # the ip mode's IpLink: its veth and nftables table (karotte/net.py)
+        self.ip_closed = None  # that link once closed, for its record
         self.upper_fd: int | None = None  # on an image: the overlay's upper, the agent's diff
         self.broken: str | None = None
         self.closed = False
         self._next_id = 1
         self._oom_before = 0
         self._egress_mark = None  # where the egress record was as the running exec began
+        self._ip_mark = None  # the ip mode's record as the running exec began
         self._spawn_args = None
 
     # -- creation: start() then finish_start(reply) once init answers
@@ -256,6 +258,7 @@ class _Core:
             self.cgroup.reset_memory_peak()
             self._oom_before = self.cgroup.oom_kills()
         self._egress_mark = self.egress.mark() if self.egress is not None else None
+        self._ip_mark = self.ip.record() if self.ip is not None else None
         exec_id = self._next_id
         self._next_id += 1
         return ExecOp(self, exec_id, argv, stdin or b"", timeout, full_env,
@@ -268,6 +271,9 @@ class _Core:
             peak = self.cgroup.memory_peak()
             oom = self.cgroup.oom_kills() > self._oom_before
         result = op.result(peak, oom)
+        if self.ip is not None:  # what the rules counted while it ran (docs/egress.md)
+            return replace(result, egress_ip=self.ip.record().since(self._ip_mark)
+                           .bounded(EXEC_REACHES))
         if self.egress is None:
             return result
         # every reach opened from the exec's start to its end, by whichever of the
@@ -341,7 +347,7 @@ class _Core:
                     self.egress_closed, self.egress = self.egress, None  # its record stays
                 if self.ip is not None:
                     self.ip.close()
-                    self.ip = None
+                    self.ip_closed, self.ip = self.ip, None  # its record stays
                 if self.sock is not None:
                     self.sock.close()
                     self.sock = None

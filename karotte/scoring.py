@@ -21,7 +21,7 @@ from .environment import Environment
 from .grading import GradeReport
 from .outcome import (EPISODE_REACHES, GRADER_LOG_RECORD_LIMIT, INFRA_ERROR_LIMIT, ExecRecord,
                       Outcome, Timings, bounded_details)
-from .results import EgressRecord, capped
+from .results import EgressRecord, IpRecord, capped
 
 
 class Scoring:
@@ -36,6 +36,7 @@ class Scoring:
     t_reset: float
     t_agent: float
     egress_of: Callable[[], EgressRecord | None]
+    ip_of: Callable[[], IpRecord | None]  # the ip mode's record of the agent's sandbox
     running: bool
     finished: Outcome | None
 
@@ -50,7 +51,7 @@ class Scoring:
                           custody.scan_seconds if custody else 0.0, grade_seconds,
                           time.monotonic() - self.t_start)
         details, dropped = bounded_details(report.details) if report else ({}, 0)
-        egress = self.egress_of()
+        egress, ip = self.egress_of(), self.ip_of()
         self.running = False
         self.finished = Outcome(
             self.name, self.seed, bottom if reward is None else reward, reason,
@@ -61,7 +62,8 @@ class Scoring:
             capped(report.log, GRADER_LOG_RECORD_LIMIT) if report else "",
             custody.changed_paths if custody else 0, custody.deleted_paths if custody else 0,
             egress.bounded(EPISODE_REACHES) if egress is not None else None,
-            report.egress if report else None)
+            report.egress if report else None,
+            ip.bounded(EPISODE_REACHES) if ip is not None else None)
         return self.finished
 
     def judge(self, custody: Custody) -> Outcome | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from .environment import File
-from .results import EgressRecord, ExecResult
+from .results import EgressRecord, ExecResult, IpRecord
 
 SHELL_STATE = "/home/agent/.karotte-shell-state"
 # Each command runs in a fresh bash that first restores the previous command's working
@@ -53,6 +53,7 @@ class ToolResult:
     truncated: bool
     wall_seconds: float
     egress: EgressRecord | None = None  # what the call reached (ExecResult.egress)
+    egress_ip: IpRecord | None = None  # in the ip mode (ExecResult.egress_ip)
 
 
 def render(result: ExecResult, limit: int, timeout: float) -> str:

@@ -24,7 +24,7 @@ from karotte import cgroups
 
 FIELDS = {"exit_code", "signal", "stdout", "stderr", "stdout_truncated", "stderr_truncated",
           "timed_out", "oom_killed", "wall_seconds", "cpu_seconds", "peak_memory", "error",
-          "error_step", "egress",
+          "error_step", "egress", "egress_ip",
           "stdout_base64", "stderr_base64"}
 
 

@@ -20,8 +20,9 @@ from itertools import count
 import pytest
 
 from karotte import gc, net
-from karotte.egress import EgressConfigError, parse_policy, static_resolver
+from karotte.egress import EgressConfigError, EgressLimits, parse_policy, static_resolver
 from karotte.egress import ip
+from karotte.results import EXEC_REACHES
 from karotte.sandbox import Sandbox
 from karotte.spec import SandboxSpec
 
@@ -45,8 +46,32 @@ SERVER = textwrap.dedent("""
         while True:
             data, peer = s.recvfrom(4096); log.write(f"udp {port} {data[:40]!r}\\n")
             s.sendto(b"udp" + str(port).encode(), peer)
+    def sink(c, port):  # reads to EOF (logging the count), answers the count
+        n = 0
+        try:
+            while data := c.recv(65536):
+                n += len(data)
+                log.write(f"sink {port} {n}\\n")
+            c.sendall(str(n).encode())
+        except OSError:
+            pass
+        c.close()
+    def source(c, port):  # sends the number of bytes asked for in the first line
+        try:
+            c.sendall(b"y" * int(c.recv(100).split()[0]))
+        except (OSError, ValueError, IndexError):
+            pass
+        c.close()
+    def serve(port, handle):
+        s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("0.0.0.0", port)); s.listen(64)
+        while True:
+            c, peer = s.accept()
+            threading.Thread(target=handle, args=(c, port), daemon=True).start()
     for p in (5432, 6000):
         threading.Thread(target=tcp, args=(p,), daemon=True).start()
+    threading.Thread(target=serve, args=(7000, sink), daemon=True).start()
+    threading.Thread(target=serve, args=(7001, source), daemon=True).start()
     threading.Thread(target=udp, args=(53,), daemon=True).start()
     threading.Thread(target=udp, args=(5353,), daemon=True).start()
     print("ready", flush=True)
@@ -68,6 +93,36 @@ CLIENT = textwrap.dedent("""
                 print(arg, "ok", s.recv(100).decode())
         except OSError as exc:
             print(arg, "err", type(exc).__name__)
+""")
+
+# What the agent runs to send or fetch bytes: up ADDRESS N (N bytes to the sink, which
+# answers the count), down ADDRESS N (N bytes from the source), or hold ADDRESS K (K
+# connections to the sink at once, kept open while it connects the next); one line each.
+BYTES = textwrap.dedent("""
+    import socket, sys, time
+    what, host, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    t = time.monotonic()
+    held = []
+    try:
+        if what == "hold":
+            for i in range(n):
+                try:
+                    held.append(socket.create_connection((host, 7000), timeout=5))
+                    print("conn", i, "ok")
+                except OSError as exc:
+                    print("conn", i, "err", type(exc).__name__)
+        elif what == "up":
+            s = socket.create_connection((host, 7000), timeout=20)
+            s.sendall(b"x" * n); s.shutdown(socket.SHUT_WR)
+            print("ok", s.recv(100).decode(), f"{time.monotonic() - t:.2f}")
+        else:
+            s = socket.create_connection((host, 7001), timeout=20)
+            s.sendall(f"{n}\\n".encode()); got = 0
+            while data := s.recv(65536):
+                got += len(data)
+            print("ok", got, f"{time.monotonic() - t:.2f}")
+    except OSError as exc:
+        print("err", type(exc).__name__, f"{time.monotonic() - t:.2f}")
 """)
 
 _peers = count(1)
@@ -127,8 +182,15 @@ def names(request):
     net.use_ip_resolver(old)
 
 
-def ip_sandbox(allow):
-    return Sandbox(SandboxSpec(network=parse_policy(allow, mode="ip")))
+def ip_sandbox(allow, limits=None):
+    return Sandbox(SandboxSpec(network=parse_policy(allow, mode="ip", limits=limits)))
+
+
+def move(sb, what, address, n):
+    """BYTES in sb: its output line(s), and the exec's result."""
+    r = sb.exec(["python3", "-c", BYTES, what, address, str(n)], timeout=60)
+    assert r.exit_code == 0, r.stderr
+    return r.stdout.decode(), r
 
 
 def reach(sb, *targets):
@@ -170,9 +232,10 @@ def test_allowed_port_is_reached_other_port_and_address_refused(peer):
     assert "tcp 5432" in seen and "udp 5353" in seen
     assert "tcp 6000" not in seen and peer.b not in seen and "udp 53 " not in seen
     reached = {(r.address, r.port, r.protocol): r for r in record.reaches}
-    assert reached[(f"{peer.a}", "5432", None)].allowed
-    assert reached[(f"{peer.a}", "5353", None)].packets == 1
-    for key in ((peer.a, "6000", "tcp"), (peer.b, "5432", "tcp"), (peer.a, "53", "udp")):
+    assert reached[(peer.a, 5432, "tcp")].allowed and reached[(peer.a, 5432, "tcp")].reason == "ok"
+    udp = reached[(peer.a, 5353, "udp")]
+    assert (udp.packets, udp.received_packets) == (1, 1)
+    for key in ((peer.a, 6000, "tcp"), (peer.b, 5432, "tcp"), (peer.a, 53, "udp")):
         assert not reached[key].allowed and reached[key].reason == "ip_literal"
     assert record.refused_packets >= 3
     assert json.dumps(record.to_dict())
@@ -301,7 +364,7 @@ def test_teardown_leaves_no_interface_and_no_table(peer):
 
 def test_a_failed_start_leaves_nothing(peer, monkeypatch):
     before = host_state()
-    monkeypatch.setattr(ip.IpLink, "_ruleset", lambda self: "table inet bad { syntax")
+    monkeypatch.setattr(ip.IpLink, "_ruleset", lambda self, limits: "table inet bad { syntax")
     with pytest.raises(EgressConfigError, match="nftables refused"):
         ip_sandbox([f"{peer.a}:5432"])
     assert host_state() == before
@@ -337,6 +400,10 @@ def test_EGRESS_IPORPHAN_01_gc_removes_what_a_killed_trainer_left(peer):
     assert [r.removed for r in removals] == [True], removals
     assert host_state() == ([], [])
     assert not [f for f in gc.find() if f.kind == gc.NETWORK]
+    # the killed trainer's cgroup and directories are this test's leftovers too
+    trainer_prefix = table.rsplit("-", 2)[0] + "-"
+    rest = [f for f in gc.find() if f.name.startswith(trainer_prefix)]
+    assert all(r.removed for r in gc.remove(rest))
 
 
 def test_refused_for_a_caller_that_is_not_root():
@@ -367,6 +434,9 @@ def test_cli_exec_allow_in_ip_mode(peer):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert f"tcp:{peer.a}:5432 ok tcp5432" in out["stdout"]
     assert f"tcp:{peer.a}:6000 err" in out["stdout"]
+    assert out["egress"] is None
+    reaches = {(x["port"], x["reason"]) for x in out["egress_ip"]["reaches"]}
+    assert reaches == {(5432, "ok"), (6000, "ip_literal")}
     assert host_state() == ([], [])
 
 
@@ -386,3 +456,178 @@ def test_async_sandbox_in_ip_mode_resolves_under_a_running_loop(peer):
         return r.stdout.decode()
     assert "ok tcp5432" in asyncio.run(main())
     assert host_state() == ([], [])
+
+
+def by_reason(record):
+    return {(r.address, r.port, r.protocol, r.reason): r for r in record.reaches}
+
+
+def test_each_exec_result_holds_what_that_exec_reached(peer):
+    """ExecResult.egress_ip: what the rules counted from the exec's start to its end, an
+    allowed and a refused destination named, a quiet exec empty; the sandbox's record
+    holds all of them, after its close too."""
+    with ip_sandbox([f"{peer.a}:5432", f"{peer.a}:7001"]) as sb:
+        first = sb.exec(["python3", "-c", CLIENT, f"tcp:{peer.a}:5432", f"tcp:{peer.a}:6000"],
+                        timeout=60)
+        second, r2 = move(sb, "down", peer.a, 100_000)
+        quiet = sb.exec(["true"])
+    assert first.egress is None and "ok tcp5432" in first.stdout.decode()
+    got = by_reason(first.egress_ip)
+    ok = got[(peer.a, 5432, "tcp", "ok")]
+    assert ok.allowed and ok.packets >= 3 and ok.received_bytes > 0  # SYN, ACK, FIN...
+    refused = got[(peer.a, 6000, "tcp", "ip_literal")]
+    assert not refused.allowed and refused.packets == 1
+    assert set(got) == {(peer.a, 5432, "tcp", "ok"), (peer.a, 6000, "tcp", "ip_literal")}
+    assert first.egress_ip.refused_packets == 1 and first.egress_ip.sent_packets == ok.packets
+    assert second.startswith("ok 100000")
+    down = r2.egress_ip.reaches
+    assert [(r.port, r.reason) for r in down] == [(7001, "ok")]
+    assert down[0].received_bytes > 100_000 and r2.egress_ip.refused_packets == 0
+    assert quiet.egress_ip.reaches == () and quiet.egress_ip.sent_packets == 0
+    whole = sb.ip_record()
+    assert by_reason(whole)[(peer.a, 5432, "tcp", "ok")] == ok
+    assert whole.sent_packets == sum(r.egress_ip.sent_packets for r in (first, r2, quiet))
+    assert json.loads(json.dumps(first.egress_ip.to_dict())) == first.egress_ip.to_dict()
+
+
+def test_an_exec_record_counts_a_background_process_of_an_earlier_exec(peer):
+    """The rules see packets, not processes: what an earlier exec's background process
+    sends while a later exec runs is in the later one's record (docs/egress.md)."""
+    with ip_sandbox([f"{peer.a}:5432"]) as sb:
+        first = sb.exec(["sh", "-c", f"(sleep 1; python3 -c '{CLIENT}' tcp:{peer.a}:5432 "
+                                     ">/dev/null; touch /workspace/done) >/dev/null 2>&1 &"])
+        later = sb.exec(["sh", "-c", "until [ -e /workspace/done ]; do sleep 0.05; done"],
+                        timeout=60)
+    assert first.egress_ip.reaches == ()
+    assert [(r.port, r.reason) for r in later.egress_ip.reaches] == [(5432, "ok")]
+
+
+def test_EGRESS_IPFLOOD_01_connections_past_max_connections_are_refused_and_named(peer):
+    """The kernel counts the sandbox's connections (ct count): one past max_connections
+    fails at once, and the record names "connections"; once some close, more open."""
+    limits = EgressLimits(max_connections=2)
+    with ip_sandbox([f"{peer.a}:7000"], limits) as sb:
+        out, r = move(sb, "hold", peer.a, 4)
+        again, r2 = move(sb, "hold", peer.a, 2)
+    assert out.splitlines() == ["conn 0 ok", "conn 1 ok", "conn 2 err OSError",
+                                "conn 3 err OSError"], out
+    got = by_reason(r.egress_ip)
+    assert got[(peer.a, 7000, "tcp", "connections")].packets == 2
+    assert not got[(peer.a, 7000, "tcp", "connections")].allowed
+    assert got[(peer.a, 7000, "tcp", "ok")].allowed
+    assert again.splitlines() == ["conn 0 ok", "conn 1 ok"], again
+    assert [x.reason for x in r2.egress_ip.refused] == []
+
+
+def test_EGRESS_IPFLOOD_02_bytes_past_max_bytes_cut_the_connection_and_are_named(peer):
+    """The quota counts both directions (quota over N bytes): an upload past it is reset
+    at once, a download past it too (the sandbox's next packet is), never a hang, and so
+    is every connection after; the peer got no more than the quota; the record names
+    "bytes_total"."""
+    limits = EgressLimits(max_bytes=300_000)
+    with ip_sandbox([f"{peer.a}:7000"], limits) as sb:
+        up, r_up = move(sb, "up", peer.a, 2_000_000)
+    with ip_sandbox([f"{peer.a}:7001"], limits) as sb:
+        down, r_down = move(sb, "down", peer.a, 2_000_000)
+        after, _ = move(sb, "down", peer.a, 10)
+    assert up.startswith("err ConnectionResetError") or up.startswith("err BrokenPipe"), up
+    assert down.startswith("err ConnectionResetError"), down
+    assert float(down.split()[-1]) < 5  # at once, not at the client's timeout
+    assert after.startswith("err ConnectionRefusedError"), after
+    sunk = [int(line.split()[2]) for line in peer.seen().splitlines()
+            if line.startswith("sink 7000")]
+    assert sunk and max(sunk) <= 300_000
+    assert by_reason(r_up.egress_ip)[(peer.a, 7000, "tcp", "bytes_total")].packets >= 1
+    cut = by_reason(r_down.egress_ip)[(peer.a, 7001, "tcp", "bytes_total")]
+    assert not cut.allowed and cut.packets >= 1
+
+
+def test_EGRESS_IPFLOOD_03_a_flood_past_bytes_per_second_is_paced_and_named(peer):
+    """The kernel's token bucket (limit rate over N bytes/second, both directions): 2 MB
+    at 512 KiB/s take seconds, not milliseconds; the packets over the rate are dropped,
+    counted, and named "bytes_per_second"."""
+    limits = EgressLimits(bytes_per_second=512 * 1024)
+    with ip_sandbox([f"{peer.a}:7000", f"{peer.a}:7001"], limits) as sb:
+        out, r = move(sb, "up", peer.a, 2_000_000)
+        down, r_down = move(sb, "down", peer.a, 2_000_000)
+    assert out.startswith("ok 2000000") and down.startswith("ok 2000000"), (out, down)
+    # (2 MB - one second's bucket) / 512 KiB/s, each way
+    assert float(out.split()[-1]) > 2.0 and float(down.split()[-1]) > 2.0, (out, down)
+    for record, port in ((r.egress_ip, 7000), (r_down.egress_ip, 7001)):
+        paced = by_reason(record)[(peer.a, port, "tcp", "bytes_per_second")]
+        assert not paced.allowed and paced.packets >= 1
+        assert record.refused_packets >= paced.packets
+
+
+def test_EGRESS_IPISOLATION_02_two_sandboxes_with_different_limits_at_once(peer):
+    """Each sandbox's limits are its own table's: one at 512 KiB/s and one connection,
+    beside one with no pace and no quota, both moving 2 MB at the same time."""
+    import threading
+    slow_limits = EgressLimits(max_connections=1, bytes_per_second=512 * 1024)
+    fast_limits = EgressLimits(bytes_per_second=None, max_bytes=None)
+    with ip_sandbox([f"{peer.a}:7000"], slow_limits) as slow, \
+            ip_sandbox([f"{peer.a}:7000"], fast_limits) as fast:
+        results = {}
+
+        def run(name, sb, what, n):
+            results[name] = move(sb, what, peer.a, n)
+        threads = [threading.Thread(target=run, args=args) for args in (
+            ("slow", slow, "up", 2_000_000), ("fast", fast, "up", 2_000_000))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        held_slow, _ = move(slow, "hold", peer.a, 2)
+        held_fast, _ = move(fast, "hold", peer.a, 2)
+    (slow_out, slow_r), (fast_out, fast_r) = results["slow"], results["fast"]
+    assert slow_out.startswith("ok 2000000") and fast_out.startswith("ok 2000000")
+    assert float(slow_out.split()[-1]) > 2.0 > float(fast_out.split()[-1]), (slow_out, fast_out)
+    assert (peer.a, 7000, "tcp", "bytes_per_second") in by_reason(slow_r.egress_ip)
+    assert fast_r.egress_ip.refused == () and fast_r.egress_ip.refused_packets == 0
+    assert held_slow.splitlines() == ["conn 0 ok", "conn 1 err OSError"]
+    assert held_fast.splitlines() == ["conn 0 ok", "conn 1 ok"]
+
+
+FLOOD = textwrap.dedent("""
+    import socket, sys
+    s = socket.socket(type=socket.SOCK_DGRAM)
+    for port in range(20000, 20000 + int(sys.argv[2])):
+        try:
+            s.sendto(b"x", (sys.argv[1], port))
+        except OSError:
+            pass
+""")
+
+
+def test_EGRESS_IPBOUND_01_a_flood_of_refused_destinations_keeps_the_records_bounded(peer):
+    """1500 refused destinations in one exec: the rules keep ENDS_KEPT per reason, the
+    exec's result holds EXEC_REACHES and counts the rest, the totals count every packet."""
+    with ip_sandbox([f"{peer.a}:5432"]) as sb:
+        r = sb.exec(["python3", "-c", FLOOD, peer.a, "1500"], timeout=60)
+    record = r.egress_ip
+    assert len(record.reaches) == EXEC_REACHES
+    assert record.total == ip.ENDS_KEPT  # what the kernel's set kept
+    assert record.refused_packets >= 1500
+    assert len(json.dumps(record.to_dict())) < 64 * 1024
+    whole = sb.ip_record()
+    assert len(whole.reaches) == ip.ENDS_KEPT and whole.refused_packets >= 1500
+
+
+def test_the_episode_outcome_and_tool_results_carry_the_ip_record(peer):
+    """An episode whose agent's sandbox is in the ip mode: each tool call's result and the
+    outcome carry what the rules counted (Environment.network is the proxy mode's, so
+    the test sets the episode's policy itself)."""
+    from envs.basic import Addition
+    from karotte.episode import Episode
+    with Episode(Addition(), seed=1) as ep:
+        ep._flow.network = parse_policy([f"{peer.a}:5432"], mode="ip")
+        ep.reset()
+        call = ep.exec(f"python3 -c '{CLIENT}' tcp:{peer.a}:5432 tcp:{peer.a}:6000")
+        outcome = ep.finish()
+    assert "ok tcp5432" in call.text
+    assert set(by_reason(call.egress_ip)) == {(peer.a, 5432, "tcp", "ok"),
+                                              (peer.a, 6000, "tcp", "ip_literal")}
+    assert set(by_reason(call.egress_ip)) <= set(by_reason(outcome.egress_ip))
+    assert outcome.egress is None
+    data = json.loads(json.dumps(outcome.to_dict()))
+    assert {r["reason"] for r in data["egress_ip"]["reaches"]} == {"ok", "ip_literal"}

@@ -350,7 +350,7 @@ def test_to_dict_is_strict_json_of_every_field(no_leaks):
     assert set(record) == {"env", "seed", "reward", "reason", "violations", "violations_dropped",
                            "infra_error", "timings", "log", "details", "details_dropped",
                            "grader_log", "changed_paths", "deleted_paths", "egress",
-                           "grader_egress"}
+                           "grader_egress", "egress_ip"}
     assert (record["changed_paths"], record["deleted_paths"]) == (0, 0)  # no image, no diff
     assert record["violations"] == [{"path": "link", "kind": "symlink", "rule": (
         "D3 file types: only regular files and directories"), "detail": "symlink not allowed"}]

@@ -16,7 +16,7 @@ from karotte.episode import Episode
 TESTS = Path(__file__).resolve().parent
 KEYS = {"env", "seed", "reward", "reason", "violations", "violations_dropped", "infra_error",
         "timings", "log", "details", "details_dropped", "grader_log", "changed_paths",
-        "deleted_paths", "egress", "grader_egress"}  # Outcome.to_dict()
+        "deleted_paths", "egress", "grader_egress", "egress_ip"}  # Outcome.to_dict()
 
 
 def karotte(*args: str, cwd: str | Path = TESTS, timeout: float = 600) -> subprocess.CompletedProcess:

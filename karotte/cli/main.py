@@ -119,7 +119,8 @@ def unplayed_json(target: str, seed: int, why: str) -> dict:
     return {"env": target, "seed": seed, "reward": None, "reason": "infra_error",
             "violations": [], "violations_dropped": 0, "infra_error": why[:4096],
             "timings": {}, "log": [], "details": {}, "details_dropped": 0, "grader_log": "",
-            "changed_paths": 0, "deleted_paths": 0, "egress": None, "grader_egress": None}
+            "changed_paths": 0, "deleted_paths": 0, "egress": None, "grader_egress": None,
+            "egress_ip": None}
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -191,6 +191,7 @@ def _result_json(result: ExecResult) -> dict:
     out = dataclasses.asdict(result)
     # the exec's own record, bounded (docs/egress.md, "The record of each exec")
     out["egress"] = result.egress.to_dict() if result.egress is not None else None
+    out["egress_ip"] = result.egress_ip.to_dict() if result.egress_ip is not None else None
     out.update(_output_json("stdout", result.stdout))
     out.update(_output_json("stderr", result.stderr))
     return out

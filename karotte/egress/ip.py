@@ -15,7 +15,12 @@ code runs (karotte/net.py, from Sandbox start, while init waits for its go):
   which touches no packet but this veth's and none of the host's other rules: packets
   from the sandbox to an allowed address and port (TCP or UDP) are accepted and
   masqueraded, replies come back, everything else is rejected and counted, and nothing
-  reaches the host itself (input), whatever its address.
+  reaches the host itself (input), whatever its address. The policy's EgressLimits are
+  rules of the same table: `ct count` for max_connections, one named `limit` (a token
+  bucket) for bytes_per_second and one named `quota` for max_bytes, each over both
+  directions of all the sandbox's flows (docs/egress.md, "the limits");
+- dynamic sets that count each remote end per reason, which record() reads and a
+  Sandbox reads as each exec begins and ends (IpRecord.since), for ExecResult.egress_ip.
 
 The allow-list is the proxy's grammar (karotte/egress/policy.py, mode="ip"); each name is
 resolved once, on the host, at start, through the proxy's own check (check.py), so the
@@ -34,6 +39,7 @@ import concurrent.futures
 import ctypes
 import ctypes.util
 import errno
+import functools
 import ipaddress
 import json
 import os
@@ -42,11 +48,11 @@ import re
 import socket
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from .. import names
+from ..results import IpReach, IpRecord, IpRule  # plain data: an ExecResult carries them
 from .check import Resolver, check
-from .policy import EgressConfigError, EgressPolicy
+from .policy import EgressConfigError, EgressLimits, EgressPolicy
 
 # 16384 /30 slots in a block that is private (10/8) and rarely used by hosts, clouds or
 # container runtimes (docker: 172.17/16 up; kubernetes: 10.96/12, 10.244/16).
@@ -55,59 +61,24 @@ SLOTS = RANGE.num_addresses // 4
 IFNAME_PREFIX = "kip"  # kip<SLOT>: IFNAMSIZ leaves no room for a names.leaf_name()
 INSIDE_IFNAME = "eth0"
 TABLE_TAG = "ip"
-REFUSED_KEPT = 1024  # refused destinations a record names, per sandbox
+# Remote ends the rules name per reason, per sandbox (the totals count on past them). Each
+# exec lists them twice, and a listing costs about 0.04 ms an element here (44 ms for a
+# full set of 1024): the agent chooses how many there are, so few enough to stay cheap,
+# and more than an Outcome holds (EPISODE_REACHES).
+ENDS_KEPT = 256
+MIN_BUCKET = 128 * 1024  # bytes: the pace's bucket holds at least two GSO packets
+# Past max_bytes, TCP replies still reach the sandbox up to this much more (all its flows
+# together), so that its next packet, refused with a reset, fails its connection at once
+# rather than leaving it waiting for data the rules drop; then they are dropped too.
+QUOTA_GRACE = 2**20
+# The rules' dynamic sets of remote ends (address . protocol . port), each with counters,
+# and the reason of karotte.egress.REASONS each one's reaches have.
+REFUSED_SETS = (("refused_to", "ip_literal"), ("refused_host", "internal_address"),
+                ("over_connections", "connections"), ("over_rate", "bytes_per_second"),
+                ("over_bytes", "bytes_total"))
 _TABLE = re.compile(r"^table inet (karotte-\S+)$", re.M)
 _CLONE_NEWNET = 0x40000000
 _NFT_CTX_OUTPUT_JSON = 1 << 4  # libnftables' enum nft_ctx_output_flags
-
-
-@dataclass(frozen=True)
-class IpRule:
-    """One allowed destination, as the nftables set holds it."""
-
-    entry: str  # the allow-list entry it came from ("db.example:5432")
-    network: str  # "10.0.0.5/32"
-    ports: tuple[int, ...] | None  # None: any port
-
-
-@dataclass(frozen=True)
-class IpReach:
-    """Packets the sandbox sent to one destination, as the rules counted them: to an
-    allowed one (its set element: network and port or port range, TCP and UDP together),
-    or refused (the address, protocol and port). reason is of karotte.egress.REASONS:
-    "ok", "ip_literal" (an address and port the list does not name) or "internal_address"
-    (the host's own addresses, refused whatever the list says)."""
-
-    address: str  # "10.0.0.5", or the listed network "10.0.0.0/24"
-    port: str  # "5432", or the listed range "0-65535"
-    protocol: str | None  # "tcp" or "udp"; None for an allowed element (both)
-    allowed: bool
-    reason: str  # "ok", "ip_literal" or "internal_address"
-    packets: int
-    bytes: int
-
-
-@dataclass(frozen=True)
-class IpRecord:
-    """What the nftables rules of one sandbox counted. reaches: every allowed destination
-    that was sent to, then each refused one (at most REFUSED_KEPT of those; the totals
-    count them all). refused_packets and refused_bytes: everything refused, the forged
-    source addresses too. Packets the sandbox sent; replies are not counted."""
-
-    interface: str
-    sandbox_address: str
-    rules: tuple[IpRule, ...]
-    reaches: tuple[IpReach, ...]
-    refused_packets: int
-    refused_bytes: int
-
-    def to_dict(self) -> dict:
-        return {"interface": self.interface, "sandbox_address": self.sandbox_address,
-                "rules": [{"entry": r.entry, "network": r.network,
-                           "ports": list(r.ports) if r.ports is not None else None}
-                          for r in self.rules],
-                "reaches": [vars(r) for r in self.reaches],
-                "refused_packets": self.refused_packets, "refused_bytes": self.refused_bytes}
 
 
 def unavailable() -> str | None:
@@ -162,6 +133,7 @@ class IpLink:
         self.host_address, self.sandbox_address = str(base + 1), str(base + 2)
         self.interface = f"{IFNAME_PREFIX}{slot}"
         self._closed = False
+        self._final: IpRecord | None = None  # the record as close() found it
 
     @classmethod
     def open(cls, policy: EgressPolicy, init_pid: int, resolve: Resolver) -> "IpLink":
@@ -182,7 +154,7 @@ class IpLink:
             try:
                 link._check_replies_come_back()
                 link._configure_inside(nsfd)
-                _nft(link._ruleset())
+                _nft(link._ruleset(policy.limits))
             except BaseException:
                 link.close()
                 raise
@@ -255,42 +227,94 @@ class IpLink:
             ns.link("set", index=index, state="up")
             ns.route("add", dst="0.0.0.0/0", gateway=self.host_address)
 
-    def _ruleset(self) -> str:
+    def _ruleset(self, limits: EgressLimits) -> str:
         elements = ", ".join(
             f"{r.network} . {p}" for r in self.rules
             for p in (map(str, r.ports) if r.ports is not None else ("0-65535",)))
         iface, me = f'"{self.interface}"', self.sandbox_address
         refuse = 'counter name refused reject with icmpx type admin-prohibited'
-        note = "meta l4proto {{ tcp, udp }} add @{} {{ ip daddr . meta l4proto . th dport }}"
+        to, back = functools.partial(_note, end="d"), functools.partial(_note, end="s")
+        dynamic = (f"type ipv4_addr . inet_proto . inet_service; size {ENDS_KEPT}; "
+                   "flags dynamic; counter;")
+        sets = "\n    ".join(f"set {name} {{ {dynamic} }}" for name in
+                              ("sent", "received", *(n for n, _ in REFUSED_SETS)))
+        # the limits, per sandbox: this table sees its packets only (docs/egress.md)
+        objects, inbound = [], []
+        allowed = [f"ct state new ct count over {limits.max_connections} goto over_connections"]
+        if limits.bytes_per_second is not None:
+            rate = limits.bytes_per_second
+            burst = f" burst {MIN_BUCKET - rate} bytes" if rate < MIN_BUCKET else ""
+            objects.append(f"limit pace {{ rate over {rate} bytes/second{burst} }}")
+            allowed.append("limit name pace goto over_rate_out")
+            inbound.append("limit name pace goto over_rate_in")
+        if limits.max_bytes is not None:
+            objects.append(f"quota total {{ over {limits.max_bytes} bytes }}")
+            allowed.append("quota name total goto over_bytes_out")
+            inbound.append("quota name total goto over_bytes_in")
+        rules = "\n        ".join
         return f"""
 table inet {self.table} {{
     counter refused {{ }}
+    counter sent_total {{ }}
+    counter received_total {{ }}
+    quota grace {{ over {QUOTA_GRACE} bytes }}
+    {"; ".join(objects)}
     set allow {{
-        type ipv4_addr . inet_service; flags interval; counter
+        type ipv4_addr . inet_service; flags interval
         {f"elements = {{ {elements} }}" if elements else ""}
     }}
-    set refused_to {{
-        type ipv4_addr . inet_proto . inet_service; size {REFUSED_KEPT}; flags dynamic; counter
-    }}
-    set refused_host {{
-        type ipv4_addr . inet_proto . inet_service; size {REFUSED_KEPT}; flags dynamic; counter
-    }}
+    {sets}
     chain forward {{
         type filter hook forward priority filter - 1; policy accept;
         iif {iface} jump outbound
-        oif {iface} ct state established,related accept
+        oif {iface} ct state established,related jump inbound
         oif {iface} {refuse}
     }}
     chain outbound {{
         ip saddr != {me} {refuse}
-        meta l4proto {{ tcp, udp }} ip daddr . th dport @allow accept
+        meta l4proto {{ tcp, udp }} ip daddr . th dport @allow goto allowed
         ct state established,related accept
-        {note.format("refused_to")}
+        {to("refused_to")}
         {refuse}
+    }}
+    chain allowed {{
+        {rules(allowed)}
+        counter name sent_total
+        {to("sent")}
+        accept
+    }}
+    chain inbound {{
+        {rules(inbound)}
+        counter name received_total
+        {back("received")}
+        accept
+    }}
+    chain over_connections {{
+        {to("over_connections")}
+        {refuse}
+    }}
+    chain over_rate_out {{
+        {to("over_rate")}
+        counter name refused drop
+    }}
+    chain over_rate_in {{
+        {back("over_rate")}
+        counter name refused drop
+    }}
+    chain over_bytes_out {{
+        {to("over_bytes")}
+        meta l4proto tcp counter name refused reject with tcp reset
+        {refuse}
+    }}
+    chain over_bytes_in {{
+        {back("over_bytes")}
+        meta l4proto != tcp counter name refused drop
+        quota name grace counter name refused drop
+        accept
     }}
     chain input {{
         type filter hook input priority filter - 1; policy accept;
-        iif {iface} {note.format("refused_host")}
+        iif {iface} {to("refused_host")}
         iif {iface} {refuse}
     }}
     chain postrouting {{
@@ -301,44 +325,61 @@ table inet {self.table} {{
 """
 
     def record(self) -> IpRecord:
-        """What the rules counted so far (one listing of the table)."""
-        out = json.loads(_nft(f"list table inet {self.table}", as_json=True))
-        sets = {o["set"]["name"]: o["set"].get("elem", []) for o in out["nftables"]
-                if "set" in o}
-        refused = next(o["counter"] for o in out["nftables"] if "counter" in o)
-        reaches = [IpReach(_show(address), _show(port), None, True, "ok",
-                           e["elem"]["counter"]["packets"], e["elem"]["counter"]["bytes"])
-                   for e in sets["allow"] if e["elem"]["counter"]["packets"]
-                   for address, port in [e["elem"]["val"]["concat"]]]
-        for name, reason in (("refused_to", "ip_literal"), ("refused_host", "internal_address")):
-            reaches += [IpReach(address, str(port), protocol, False, reason,
-                                e["elem"]["counter"]["packets"], e["elem"]["counter"]["bytes"])
-                        for e in sets[name]
-                        for address, protocol, port in [e["elem"]["val"]["concat"]]]
-        return IpRecord(self.interface, self.sandbox_address, self.rules, tuple(reaches),
-                        refused["packets"], refused["bytes"])
+        """What the rules counted so far (one listing of the table); after close(), what
+        they had counted as it closed."""
+        if self._final is not None:
+            return self._final
+        out = json.loads(_nft(f"list table inet {self.table}", as_json=True))["nftables"]
+        sets = {o["set"]["name"]: {tuple(e["elem"]["val"]["concat"]): e["elem"]["counter"]
+                                   for e in o["set"].get("elem", [])}
+                for o in out if "set" in o and o["set"]["name"] != "allow"}
+        counters = {o["counter"]["name"]: o["counter"] for o in out if "counter" in o}
+        sent, received, none = sets["sent"], sets["received"], {"packets": 0, "bytes": 0}
+        reaches = [IpReach(address, port, protocol, True, "ok", out_["packets"],
+                           out_["bytes"], in_["packets"], in_["bytes"])
+                   for address, protocol, port in {**sent, **received}
+                   for out_, in_ in [(sent.get((address, protocol, port), none),
+                                      received.get((address, protocol, port), none))]]
+        reaches.sort(key=_order)
+        refused = [IpReach(address, port, protocol, False, reason, c["packets"], c["bytes"])
+                   for name, reason in REFUSED_SETS
+                   for (address, protocol, port), c in sets[name].items()]
+        refused.sort(key=_order)
+        total = {name: counters[name] for name in ("refused", "sent_total", "received_total")}
+        return IpRecord(self.interface, self.sandbox_address, self.rules,
+                        tuple(reaches + refused), total["refused"]["packets"],
+                        total["refused"]["bytes"], total["sent_total"]["packets"],
+                        total["sent_total"]["bytes"], total["received_total"]["packets"],
+                        total["received_total"]["bytes"])
 
     def close(self) -> None:
-        """Remove the table; the veth goes with the sandbox's namespace, which the kernel
-        frees, both ends together, once init is gone (the caller kills it). Deleting the
-        veth here would wait out an RCU grace period: 27 ms of each teardown, measured.
-        Idempotent."""
+        """Keep the record, then remove the table; the veth goes with the sandbox's
+        namespace, which the kernel frees, both ends together, once init is gone (the
+        caller kills it). Deleting the veth here would wait out an RCU grace period: 27 ms
+        of each teardown, measured. Idempotent."""
         if self._closed:
             return
         self._closed = True
         try:
-            _nft(f'delete table inet {self.table}')
+            self._final = self.record()
         except EgressConfigError:
-            pass  # not loaded yet
+            pass  # not loaded yet: nothing counted
+        finally:
+            try:
+                _nft(f'delete table inet {self.table}')
+            except EgressConfigError:
+                pass  # not loaded yet
 
 
-def _show(value) -> str:
-    """An address or port of nft's JSON: a value, a prefix or a range."""
-    if isinstance(value, dict) and "prefix" in value:
-        return f"{value['prefix']['addr']}/{value['prefix']['len']}"
-    if isinstance(value, dict) and "range" in value:
-        return "-".join(map(str, value["range"]))
-    return str(value)
+def _note(name: str, end: str) -> str:
+    """The rule that counts a packet in the set `name` by its remote end: the destination
+    of what the sandbox sends (end "d"), the source of what comes back to it ("s")."""
+    return (f"meta l4proto {{ tcp, udp }} add @{name} "
+            f"{{ ip {end}addr . meta l4proto . th {end}port }}")
+
+
+def _order(reach: IpReach) -> tuple:
+    return (reach.reason, ipaddress.ip_address(reach.address), reach.protocol, reach.port)
 
 
 def _delete_link_once(interface: str, alias: str) -> None:

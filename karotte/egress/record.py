@@ -28,6 +28,7 @@ REASONS = frozenset({
     "upstream_failed",  # the destination broke the exchange
     "connections",  # past EgressLimits.max_connections
     "bytes_total",  # past EgressLimits.max_bytes: cut
+    "bytes_per_second",  # the ip mode: packets past EgressLimits.bytes_per_second, dropped
     "idle",  # nothing carried for EgressLimits.idle_timeout
 })
 MAX_REACHES = 1000
