@@ -95,8 +95,18 @@ class Network:
     upstreams: Mapping[str, str] = field(default_factory=dict)  # name -> http(s) URL
     # upstream name -> header -> the NAME of a variable of the trainer's environment
     headers_from_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # "proxy" (the host-side proxy), or "ip": a veth and nftables rules by address and
+    # port, for protocols that are not HTTP; root callers only, no upstreams (docs/network.md)
+    mode: str = "proxy"
 
     def __post_init__(self):
+        if self.mode not in ("proxy", "ip"):
+            raise ValueError(f"Network.mode is 'proxy' or 'ip' (a veth with nftables rules, "
+                             f"root only), got {self.mode!r}")
+        if self.mode == "ip" and self.upstreams:
+            raise ValueError("Network.upstreams are the proxy mode's (plain HTTP the host "
+                             "sends on with TLS and credentials); the ip mode has none: "
+                             "list the upstream's host:port in allow instead")
         if isinstance(self.allow, str) or not isinstance(self.allow, Sequence) or not all(
                 isinstance(a, str) for a in self.allow):
             raise TypeError(f"Network.allow is a tuple of entries such as ('pypi.org', "

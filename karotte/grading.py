@@ -337,7 +337,7 @@ def phase_policy(network: Network | None,
         found.update((headers or {}).get(name, {}))
         upstreams[name] = {"url": url, "headers": found}
     try:
-        return parse_policy(network.allow, upstreams)
+        return parse_policy(network.allow, upstreams, mode=network.mode)
     except EgressConfigError as exc:
         raise EgressConfigError(f"{what}: {exc}") from None
 

@@ -235,6 +235,11 @@ def test_a_declared_variable_that_is_not_set_fails_before_any_sandbox(monkeypatc
         Episode(Fetched(), seed=1, upstream_headers={"modle": {"Authorization": "x"}})
 
 
+def parse_policy_of(network: Network):
+    from karotte.grading import phase_policy
+    return phase_policy(network, None, "Env.network")
+
+
 def test_a_network_is_declared_as_plain_data_in_one_place(monkeypatch):
     with pytest.raises(TypeError, match="Network.allow is a tuple of entries"):
         Network(allow="pypi.org")
@@ -242,6 +247,11 @@ def test_a_network_is_declared_as_plain_data_in_one_place(monkeypatch):
         Network(upstreams={"model": {"url": "https://x.test", "headers": {"A": "key"}}})
     with pytest.raises(ValueError, match=r"headers_from_env names the upstreams \['llm'\]"):
         Network(headers_from_env={"llm": {"Authorization": "KEY"}})
+    with pytest.raises(ValueError, match="Network.mode is 'proxy' or 'ip'"):
+        Network(mode="bridge")
+    with pytest.raises(ValueError, match="the ip mode has none"):
+        Network(upstreams={"model": "https://x.test"}, mode="ip")
+    assert parse_policy_of(Network(allow=("10.0.0.5:5432",), mode="ip")).mode == "ip"
     monkeypatch.setattr(Fetched, "network", Network(allow=("not a host!",)))
     with pytest.raises(EgressConfigError, match=r"Fetched\.network: allow-list entry"):
         Episode(Fetched(), seed=1)

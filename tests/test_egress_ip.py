@@ -613,14 +613,16 @@ def test_EGRESS_IPBOUND_01_a_flood_of_refused_destinations_keeps_the_records_bou
     assert len(whole.reaches) == ip.ENDS_KEPT and whole.refused_packets >= 1500
 
 
-def test_the_episode_outcome_and_tool_results_carry_the_ip_record(peer):
-    """An episode whose agent's sandbox is in the ip mode: each tool call's result and the
-    outcome carry what the rules counted (Environment.network is the proxy mode's, so
-    the test sets the episode's policy itself)."""
+def test_the_episode_outcome_and_tool_results_carry_the_ip_record(peer, monkeypatch):
+    """An episode whose environment asks for the ip mode (Network(mode="ip"), set on the
+    class in the trainer's process, where it is read): each tool call's result and the
+    outcome carry what the rules counted."""
     from envs.basic import Addition
+    from karotte.environment import Network
     from karotte.episode import Episode
+    monkeypatch.setattr(Addition, "network", Network(allow=(f"{peer.a}:5432",), mode="ip"),
+                        raising=False)
     with Episode(Addition(), seed=1) as ep:
-        ep._flow.network = parse_policy([f"{peer.a}:5432"], mode="ip")
         ep.reset()
         call = ep.exec(f"python3 -c '{CLIENT}' tcp:{peer.a}:5432 tcp:{peer.a}:6000")
         outcome = ep.finish()
