@@ -30,8 +30,13 @@ static int grow(void **buf, size_t *cap, size_t need, size_t unit) {
     return 0;
 }
 
-/* bytes appended to the text; their offset, or -1. */
+/* bytes appended to the text; their offset, or -1 (EOVERFLOW past what an entry's
+ * 32-bit offsets reach). */
 static int64_t put_text(struct kt_tree *t, const void *data, size_t n) {
+    if (t->len + n > UINT32_MAX) {
+        errno = EOVERFLOW;
+        return -1;
+    }
     if (grow((void **)&t->text, &t->text_cap, t->len + n, 1) != 0)
         return -1;
     memcpy(t->text + t->len, data, n);
@@ -204,6 +209,11 @@ static int walk_dir(int fd, size_t path_off, size_t path_len, int depth,
         size_t nlen = names[i].len;
         /* The child's path: the parent's, a slash, the name (the text may move: copy). */
         size_t child_len = path_len + (path_len ? 1 : 0) + nlen;
+        if (t->len + child_len > UINT32_MAX) { /* what an entry's 32-bit offsets reach */
+            errno = EOVERFLOW;
+            rc = -1;
+            break;
+        }
         if (grow((void **)&t->text, &t->text_cap, t->len + child_len, 1) != 0) {
             rc = -1;
             break;

@@ -845,6 +845,38 @@ def test_the_c_fast_path_reads_on_for_an_entry_across_reads_and_replaces_what_is
 
 
 @needs_native
+def test_the_c_run_makes_the_directories_and_symlinks_of_a_fresh_layer_itself(tree,
+                                                                          monkeypatch):
+    # Without this, the differential tests would pass with a C run that applies nothing.
+    by_python: list[bytes] = []
+    for step in ("_file", "_dir", "_symlink"):
+        original = getattr(extract_module._Layer, step)
+        monkeypatch.setattr(extract_module._Layer, step, lambda self, *a, _o=original: (
+            by_python.append(self.raw), _o(self, *a))[1])
+    tree.apply(*_nested_entries()[:12])
+    # n/a/b/deep (a parent the chain has left) and what follows it in its directory
+    assert by_python == [b"n/a/b/deep/"], by_python
+    assert [e.path for e in manifest(tree.fd)][:6] == [".", "n", "n/a", "n/a/b", "n/a/b/deep",
+                                                       "n/a/b/deep/j"]
+
+
+@needs_native
+@pytest.mark.parametrize("cut", ["in a file's padding", "in a file's data", "in a header"])
+def test_IMG_TAR_01_a_layer_cut_short_is_refused_alike_with_and_without_the_c_run(tmp_path,
+                                                                                cut):
+    big = fastpath.GROW + 100  # applied by extract.py, whose padding the C run reads past
+    data = layer(reg("small", b"s" * 100), reg("big", b"b" * big), reg("after", b"a")
+                 ).getvalue()
+    end = {"in a file's padding": 512 + 512 + 512 + big,
+           "in a file's data": 512 + 512 + 512 + big // 2,
+           "in a header": 512 + 512 + 512 + big + (-big % 512) + 100}[cut]
+    budget = LayerBudget(max_bytes=64 << 20, max_file_size=16 << 20)
+    fast = _outcome(data[:end], tmp_path / "fast", True, budget=budget)
+    assert fast == ("refused", "IMG-TAR-01")
+    assert fast == _outcome(data[:end], tmp_path / "slow", False, budget=budget)
+
+
+@needs_native
 def test_the_c_fast_path_keeps_what_a_layer_made_below_a_lower_directory(tmp_path):
     # After a whiteout (which adds nothing), the C run writes a/b/f into the lower a/b:
     # the layer's later .wh.b must keep it, and delete what the lower layer put there.

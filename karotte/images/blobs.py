@@ -20,7 +20,7 @@ from typing import IO, Any, Callable
 
 from .tree import CHUNK
 
-_QUEUED = 32  # chunks in flight to the copy thread at most (32 MiB)
+_QUEUED = 32  # chunks in flight to the copy thread at most (each keeps its read buffer: 1-5 MiB)
 
 
 class BlobCopy:

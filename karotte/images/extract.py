@@ -149,9 +149,9 @@ class _Layer(Whiteouts):
             raise self.refuse("IMG-WRITE-01", f"measuring the tree: {exc.strerror}") from None
         tar = TarReader(stream)
         while True:
-            if self.fast is not None and tar.plain():
-                self._fast(tar)
             try:
+                if self.fast is not None and tar.plain():
+                    self._fast(tar)  # reads on too: the same refusals as next()'s
                 member = tar.next()
             except _TAR_ERRORS as exc:
                 raise self.refuse("IMG-TAR-01", f"the header after this entry: {exc}"
@@ -186,7 +186,7 @@ class _Layer(Whiteouts):
         while need <= fastpath.GROW and tar.more(need):
             view = tar.pending()
             try:  # the chain's fds are the C run's during it: it closes those it leaves
-                consumed, batch, self.chain, self.entries, self.read, self.total, need = \
+                consumed, batch, self.entries, self.read, self.total, need = \
                     self.fast.apply(view, self.chain, self.ids is not None, self.entries,
                                     self.read, self.total)
             finally:

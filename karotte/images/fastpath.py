@@ -81,12 +81,13 @@ class Run:
 
     def apply(self, view: memoryview, chain: list[tuple[bytes, int]], chown_ids: bool,
               entries: int, read: int, total: int
-              ) -> tuple[int, Batch | None, list[tuple[bytes, int]], int, int, int, int]:
+              ) -> tuple[int, Batch | None, int, int, int, int]:
         """Entries from view below chain (the (name, fd) of each directory from the root
-        down, which the call takes over); the bytes consumed, what was applied (None:
-        nothing), the chain after it (the caller's to close), the layer's counts
-        (entries, read, total) after them, and the bytes the next entry takes where only
-        its data stopped the run (it was not all in view; else 0)."""
+        down, which the C run takes over and which is set to the chain after it, the
+        caller's to close, as the run returns); the bytes consumed, what was applied
+        (None: nothing), the layer's counts (entries, read, total) after them, and the
+        bytes the next entry takes where only its data stopped the run (it was not all in
+        view; else 0)."""
         c, count = self._chain, self._count
         path = b"/".join(name for name, _ in chain)
         c.n = len(chain)
@@ -101,11 +102,10 @@ class Run:
                                            self._budget, count, done, room, self._n,
                                            self._paths, _PATHS, self._paths_len, self._need)
         path = bytes(ffi.buffer(c.path, c.path_len))
-        after = list(zip(path.split(b"/") if path else [], (c.fds[i] for i in range(c.n))))
-        n = self._n[0]
-        need = self._need[0]
+        chain[:] = zip(path.split(b"/") if path else [], (c.fds[i] for i in range(c.n)))
+        n, need = self._n[0], self._need[0]
         if not n:
-            return consumed, None, after, count.entries, count.read, count.total, need
+            return consumed, None, count.entries, count.read, count.total, need
         paths = bytes(ffi.buffer(self._paths, self._paths_len[0] - 1)).split(b"\0")
         batch = Batch(view[:consumed], done, n, paths)
-        return consumed, batch, after, count.entries, count.read, count.total, need
+        return consumed, batch, count.entries, count.read, count.total, need

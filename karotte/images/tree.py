@@ -101,12 +101,13 @@ class FileHashes:
     kept in the order the files were written (an inode freed and used again takes the
     later file's hash). The C run's files (later) and a file of LARGE bytes or more
     (update) are hashed by a thread of its own beside the writes: sha256 releases the GIL,
-    and the data is immutable bytes, so the views need no copy; a smaller file written
-    here is hashed at once, where a thread's hand-over would cost more than the hash.
-    At most _QUEUED items wait for the thread, each a view of at most one chunk read."""
+    and the data is never written again once read, so the views need no copy; a smaller
+    file written here is hashed at once, where a thread's hand-over would cost more than
+    the hash. At most _QUEUED items wait for the thread, each a view that keeps its read
+    buffer alive: 1 MiB, up to fastpath.GROW more after reading on for an entry."""
 
     LARGE = 16 << 10
-    _QUEUED = 64
+    _QUEUED = 32
 
     def __init__(self, hashes: dict[int, tuple[int, str]]):
         self.hashes = hashes
