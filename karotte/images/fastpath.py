@@ -8,6 +8,7 @@ interpreter without cffi), AVAILABLE is False and extract.py applies every entry
 """
 from __future__ import annotations
 
+import struct
 from typing import Any, Iterator, NamedTuple
 
 try:
@@ -24,6 +25,10 @@ CHAIN = 256  # csrc/extract.h's KX_CHAIN: a deeper chain is left to extract.py
 CHAIN_PATH = 4096  # KX_PATH
 _FILE, _DIR = 0, 2  # KX_FILE, KX_DIR
 _new = ffi.new_allocator(should_clear_after_alloc=False) if AVAILABLE else None
+# struct kx_done as csrc/extract.h lays it out: ino, size, data_off, mode, mtime, path_off,
+# path_len, kind, new_parent, sha256, then the compiler's padding.
+_DONE = struct.Struct("=QqQqqIIII32s" + (
+    f"{ffi.sizeof('struct kx_done') - 88}x" if AVAILABLE else ""))
 
 
 class Dir(NamedTuple):
@@ -52,16 +57,19 @@ class Batch:
             elif d.new_parent:
                 self.marks.append(paths[i])
 
-    def hashes(self) -> Iterator[tuple[int, int, str]]:
-        """(inode, size, sha256 hex) of each file of the batch, in order: hashed here, in
-        C without the GIL, from the bytes the run wrote (immutable: views of the chunks
-        read)."""
-        lib.karotte_extract_hash(ffi.from_buffer(self._view), self._done, self._n)
-        for i in range(self._n):
-            d = self._done[i]
-            if d.kind == _FILE:
-                yield d.ino, d.size, bytes(ffi.buffer(d.sha256, 32)).hex()
-        self._view.release()
+    def hashes(self) -> "Batch":
+        """The batch's files hashed, in C without the GIL, from the bytes the run wrote
+        (never written again: views of the chunks read); itself, whose iteration gives
+        (inode, size, sha256 hex) of each file."""
+        with self._view:
+            lib.karotte_extract_hash(ffi.from_buffer(self._view), self._done, self._n)
+        return self
+
+    def __iter__(self) -> Iterator[tuple[int, int, str]]:
+        raw = bytes(ffi.buffer(self._done, self._n * _DONE.size))
+        for ino, size, _, _, _, _, _, kind, _, sha in _DONE.iter_unpack(raw):
+            if kind == _FILE:
+                yield ino, size, sha.hex()
 
 
 class Run:

@@ -97,14 +97,17 @@ class TreeEntry:
 
 
 class FileHashes:
-    """The sha256 of each file extraction writes, into hashes (inode -> (size, hex)),
-    kept in the order the files were written (an inode freed and used again takes the
-    later file's hash). The C run's files (later) and a file of LARGE bytes or more
-    (update) are hashed by a thread of its own beside the writes: sha256 releases the GIL,
-    and the data is never written again once read, so the views need no copy; a smaller
-    file written here is hashed at once, where a thread's hand-over would cost more than
-    the hash. At most _QUEUED items wait for the thread, each a view that keeps its read
-    buffer alive: 1 MiB, up to fastpath.GROW more after reading on for an entry."""
+    """The sha256 of each file extraction writes, into hashes (inode -> (size, hex)) when
+    the layer is done (close), in the order the files were written (an inode freed and
+    used again takes the later file's hash). The C run's files (later) and a file of LARGE
+    bytes or more (update) are hashed by a thread of its own beside the writes: sha256
+    releases the GIL, and the data is never written again once read, so the views need no
+    copy; a smaller file written here is hashed at once, where a thread's hand-over would
+    cost more than the hash. The thread runs no Python per file: it keeps what each call
+    gives, and close() reads them into hashes, so it does not hold the GIL that the
+    extracting thread takes back after each of its C calls. At most _QUEUED items wait
+    for the thread, each a view that keeps its read buffer alive: 1 MiB, up to
+    fastpath.GROW more after reading on for an entry."""
 
     LARGE = 16 << 10
     _QUEUED = 32
@@ -114,6 +117,8 @@ class FileHashes:
         self._queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue(self._QUEUED)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        # In order: (inode, size, hashlib object) or what a later() call's files() gave.
+        self._results: list[Any] = []
 
     def _start(self) -> None:
         if self._thread is None:
@@ -130,34 +135,33 @@ class FileHashes:
 
     def done(self, h: Any, size: int, ino: int) -> None:
         if self._thread is None:
-            self.hashes[ino] = (size, h.hexdigest())
+            self._results.append((ino, size, h))
         else:
             self._queue.put((h, None, size, ino))
 
     def later(self, files: Callable[[], Iterable[tuple[int, int, str]]]) -> None:
-        """Files hashed on the thread, in order with the rest: files() gives (inode,
-        size, sha256 hex) of each."""
+        """Files hashed on the thread, in order with the rest: files() hashes them and
+        gives what close() reads (inode, size, sha256 hex) of each from."""
         self._start()
         self._queue.put((files,))
 
     def _run(self) -> None:
-        hashes = self.hashes
+        results = self._results
         while (item := self._queue.get()) is not None:
             if self._error is not None:
                 continue  # drained, so that no put waits on a thread that stopped
             try:
                 if len(item) == 1:
-                    for ino, size, digest in item[0]():
-                        hashes[ino] = (size, digest)
+                    results.append(item[0]())
                 elif item[1] is not None:
                     item[0].update(item[1])
                 else:
-                    hashes[item[3]] = (item[2], item[0].hexdigest())
+                    results.append((item[3], item[2], item[0]))
             except BaseException as exc:  # raised by close(), in the extracting thread
                 self._error = exc
 
     def close(self) -> None:
-        """Every hash queued, done; what the thread raised, raised here."""
+        """Every hash queued, done and in hashes; what the thread raised, raised here."""
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
@@ -165,6 +169,14 @@ class FileHashes:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+        hashes = self.hashes
+        for result in self._results:
+            if isinstance(result, tuple):
+                hashes[result[0]] = (result[1], result[2].hexdigest())
+            else:
+                for ino, size, digest in result:
+                    hashes[ino] = (size, digest)
+        self._results.clear()
 
 
 def image_ids(uid: int, gid: int) -> tuple[int, int]:
