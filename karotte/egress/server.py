@@ -70,6 +70,8 @@ class EgressSession:
         here and now; open connections are cut by the proxy's loop, which the caller waits
         for only with wait=True (a sandbox's teardown does not: its listeners lead nowhere
         once its namespace is gone)."""
+        if os.getpid() != self._proxy.pid:
+            return  # a forked child's copy: the epoll set and the listeners are its parent's
         with self._lock:
             if not self._stopped:
                 self._stopped = True
