@@ -109,13 +109,17 @@ class EgressSession:
                 except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                     return
                 except OSError as exc:
-                    if exc.errno not in _OUT_OF:
-                        raise
-                    # out of fds or memory: the backlog waits a second, rather than the
-                    # loop spinning on a listener that stays ready
-                    self._proxy._accepting.modify(fd, 0)
-                    loop.call_later(1.0, self._resume, listener, fd)
-                    return
+                    if exc.errno in _OUT_OF:
+                        # out of fds or memory: the backlog waits a second, rather than
+                        # the loop spinning on a listener that stays ready
+                        self._proxy._accepting.modify(fd, 0)
+                        loop.call_later(1.0, self._resume, listener, fd)
+                        return
+                    # a listener that cannot accept is closed: the agent's connect then
+                    # fails at once, never waits in a backlog nobody takes
+                    self._servers.remove(listener)
+                    self._proxy._unlisten(listener)
+                    raise
                 task = loop.create_task(self._connection(conn, up))
                 self._tasks.add(task)
                 task.add_done_callback(self._done)
