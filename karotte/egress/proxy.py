@@ -351,7 +351,7 @@ class _Client:
             raise _Ended("ok" if up else "upstream_failed", str(exc)) from None
 
     # --- every byte ---------------------------------------------------------------
-    async def account(self, n: int, entry: Entry, up: bool) -> None:
+    async def _account(self, n: int, entry: Entry, up: bool) -> None:
         """Meter n bytes about to go on (where every limit applies), and count them."""
         try:
             await self.gate.meter.take(n)
@@ -365,7 +365,7 @@ class _Client:
 
     async def _send(self, writer: asyncio.StreamWriter, data: bytes, entry: Entry,
                     up: bool) -> None:
-        await self.account(len(data), entry, up)
+        await self._account(len(data), entry, up)
         writer.write(data)
         await writer.drain()
 
@@ -426,7 +426,7 @@ class _Splice:
     It takes the source's socket from its transport (reading paused) once the stream
     holds nothing more, and the destination's once its transport's buffer is empty, so
     the order of bytes is kept; both go back to their transports at the end. Every
-    splice into the pipe is metered (Client.account) before it goes on, so the limits
+    splice into the pipe is metered (_Client._account) before it goes on, so the limits
     and the record are those of the streamed path: at most one pipe's worth (what a
     stream read takes, BUFFER) is held back by a refused take, and none of it is sent.
     """
@@ -497,7 +497,7 @@ class _Splice:
                     if length is not None:
                         raise BadMessage("the connection ended inside a body")
                     return
-                await self.client.account(n, self.entry, self.up)
+                await self.client._account(n, self.entry, self.up)
                 if length is not None:
                     length -= n
                 while n:
