@@ -63,11 +63,18 @@ static int all_zero(const uint8_t *block) {
     return 1;
 }
 
-/* The name's components (as extract.py's _parts: "" and "." dropped) checked against
- * dir_path; the last one's place in buf. 0 where Python must look at the name. */
-static int plain_name(const uint8_t *prefix, size_t prefix_len, const uint8_t *name,
-                      size_t name_len, const uint8_t *dir, size_t dir_len,
-                      const struct kx_budget *budget, const uint8_t **base, size_t *base_len) {
+/* The name's components (as extract.py's _parts: "" and "." dropped), split into the
+ * parent's and the last one's; 0 where Python must look at the name. */
+struct kx_name {
+    size_t parts;                       /* of the parent */
+    const uint8_t *part[KX_CHAIN];      /* the parent's components */
+    size_t part_len[KX_CHAIN];
+    const uint8_t *base;                /* the last component */
+    size_t base_len;
+};
+
+static int split_name(const uint8_t *prefix, size_t prefix_len, const uint8_t *name,
+                      size_t name_len, const struct kx_budget *budget, struct kx_name *out) {
     size_t raw_len = prefix_len ? prefix_len + 1 + name_len : name_len;
     if ((int64_t)raw_len > budget->max_path_bytes)
         return 0;
@@ -75,9 +82,7 @@ static int plain_name(const uint8_t *prefix, size_t prefix_len, const uint8_t *n
     if (raw_len == 0 || first[0] == '/')
         return 0;
     int64_t depth = 0;
-    size_t matched = 0; /* bytes of dir matched so far */
-    const uint8_t *last = NULL;
-    size_t last_len = 0;
+    out->parts = 0, out->base = NULL, out->base_len = 0;
     for (int part = prefix_len ? 0 : 1; part < 2; part++) {
         const uint8_t *s = part ? name : prefix;
         size_t n = part ? name_len : prefix_len;
@@ -94,22 +99,45 @@ static int plain_name(const uint8_t *prefix, size_t prefix_len, const uint8_t *n
                     return 0;
                 if (++depth > budget->max_depth)
                     return 0;
-                if (last) { /* the component before this one must be dir's next */
-                    size_t at = matched ? matched + 1 : 0;
-                    if (at + last_len > dir_len || memcmp(dir + at, last, last_len) != 0 ||
-                        (at + last_len < dir_len && dir[at + last_len] != '/'))
+                if (out->base) { /* the component before this one is the parent's */
+                    if (out->parts == KX_CHAIN)
                         return 0;
-                    matched = at + last_len;
+                    out->part[out->parts] = out->base;
+                    out->part_len[out->parts++] = out->base_len;
                 }
-                last = s + i, last_len = len;
+                out->base = s + i, out->base_len = len;
             }
             i = j + 1;
         }
     }
-    if (!last || matched != dir_len)
+    return out->base != NULL;
+}
+
+/* Whether the parent of nm is the chain's first nm->parts directories. */
+static int parent_in_chain(const struct kx_name *nm, const struct kx_chain *chain) {
+    if (nm->parts > chain->n)
         return 0;
-    *base = last, *base_len = last_len;
+    size_t at = 0;
+    for (size_t i = 0; i < nm->parts; i++) {
+        size_t len = nm->part_len[i];
+        if (at + len > chain->path_len || memcmp(chain->path + at, nm->part[i], len) != 0 ||
+            (at + len < chain->path_len && chain->path[at + len] != '/'))
+            return 0;
+        at += len + 1;
+    }
     return 1;
+}
+
+/* The chain cut back to its first n directories (those below closed). */
+static void leave(struct kx_chain *chain, size_t n) {
+    while (chain->n > n)
+        close(chain->fds[--chain->n]);
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t *slash = memchr(chain->path + at, '/', chain->path_len - at);
+        at = slash ? (size_t)(slash - chain->path) + 1 : chain->path_len + 1;
+    }
+    chain->path_len = n ? at - 1 : 0;
 }
 
 static int owner(int chown_ids, int64_t uid, int64_t gid, uid_t *u, gid_t *g) {
@@ -133,20 +161,34 @@ static int write_all(int fd, const uint8_t *data, size_t n) {
     return 0;
 }
 
-/* One regular file, new in dir_fd; 0 where Python must do it (nothing is left behind). */
+#define THERE 2 /* put_file's and put_symlink's: the name is taken (clear it, then again) */
+
+/* What a lower layer (or an earlier entry) left at base, unless a directory, unlinked as
+ * extract.py's _clear unlinks it; the bytes that frees (its last link) into *freed.
+ * 0 where Python must do it: a directory (removed whole, fd-relative), a failing call. */
+static int clear(int dir_fd, const char *base, int64_t *freed) {
+    struct stat st;
+    if (fstatat(dir_fd, base, &st, AT_SYMLINK_NOFOLLOW) != 0 || S_ISDIR(st.st_mode))
+        return 0;
+    if (unlinkat(dir_fd, base, 0) != 0)
+        return 0;
+    *freed = S_ISREG(st.st_mode) && st.st_nlink == 1 ? st.st_size : 0;
+    return 1;
+}
+
+/* One regular file, new in dir_fd; 0 where Python must do it (nothing is left behind),
+ * THERE where the name is taken. */
 static int put_file(int dir_fd, const char *base, const uint8_t *data, int64_t size,
                     int64_t mode, int chown_ids, int64_t uid, int64_t gid, int64_t mtime,
                     struct kx_done *done) {
     int fd = openat(dir_fd, base, NEW_FILE, 0600);
     if (fd < 0)
-        return 0;
+        return errno == EEXIST ? THERE : 0;
     uid_t u;
     gid_t g;
     struct timespec times[2] = {{mtime, 0}, {mtime, 0}};
     struct stat st;
-    unsigned int md_len = 0;
     int ok = write_all(fd, data, (size_t)size) == 0 &&
-             EVP_Digest(data, (size_t)size, done->sha256, &md_len, EVP_sha256(), NULL) == 1 &&
              (!owner(chown_ids, uid, gid, &u, &g) || fchown(fd, u, g) == 0) &&
              /* IMG-SETUID-01: the permission bits only; after chown, which clears them. */
              fchmod(fd, (mode_t)(mode & 0777)) == 0 && futimens(fd, times) == 0 &&
@@ -158,7 +200,7 @@ static int put_file(int dir_fd, const char *base, const uint8_t *data, int64_t s
     }
     done->ino = st.st_ino;
     done->size = size;
-    done->is_file = 1;
+    done->kind = KX_FILE;
     return 1;
 }
 
@@ -166,7 +208,7 @@ static int put_symlink(int dir_fd, const char *base, const char *target, int cho
                        int64_t uid, int64_t gid, int64_t mtime, struct kx_done *done) {
     /* Kept as the image has it, absolute or not; nothing here ever follows it. */
     if (symlinkat(target, dir_fd, base) != 0)
-        return 0;
+        return errno == EEXIST ? THERE : 0;
     uid_t u;
     gid_t g;
     struct timespec times[2] = {{mtime, 0}, {mtime, 0}};
@@ -176,24 +218,73 @@ static int put_symlink(int dir_fd, const char *base, const char *target, int cho
         unlinkat(dir_fd, base, 0);
         return 0;
     }
-    done->ino = 0, done->size = 0, done->is_file = 0;
+    done->kind = KX_SYMLINK;
     return 1;
 }
 
-int64_t karotte_extract_run(const uint8_t *buf, size_t len, int dir_fd,
-                            const uint8_t *dir_path, size_t dir_path_len, int chown_ids,
-                            const struct kx_budget *budget, struct kx_count *count,
-                            struct kx_done *done, size_t max_done, size_t *n_done) {
+/* A new directory in dir_fd, made 0700 as extract.py's _dir makes it (its mode and mtime
+ * are set when the layer ends), and its fd; -1 where Python must do it (nothing left). */
+static int put_dir(int dir_fd, const char *base, int chown_ids, int64_t uid, int64_t gid,
+                   int64_t mode, int64_t mtime, struct kx_done *done) {
+    if (mkdirat(dir_fd, base, 0700) != 0)
+        return -1;
+    int fd = openat(dir_fd, base, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    uid_t u;
+    gid_t g;
+    if (fd < 0 || (owner(chown_ids, uid, gid, &u, &g) && fchown(fd, u, g) != 0)) {
+        if (fd >= 0)
+            close(fd);
+        unlinkat(dir_fd, base, AT_REMOVEDIR);
+        return -1;
+    }
+    done->kind = KX_DIR;
+    done->mode = mode;
+    done->mtime = mtime;
+    return fd;
+}
+
+/* The entry's path (the chain's, cut to its parent, then its name) and a NUL appended to
+ * paths; 0 where it does not fit. */
+static int put_path(const struct kx_chain *chain, const struct kx_name *nm, uint8_t *paths,
+                    size_t cap, size_t *len, struct kx_done *done) {
+    size_t parent = chain->path_len;
+    size_t need = parent + (parent ? 1 : 0) + nm->base_len + 1;
+    if (need > cap - *len)
+        return 0;
+    uint8_t *at = paths + *len;
+    memcpy(at, chain->path, parent);
+    at += parent;
+    if (parent)
+        *at++ = '/';
+    memcpy(at, nm->base, nm->base_len);
+    at[nm->base_len] = 0;
+    done->path_off = (uint32_t)*len;
+    done->path_len = (uint32_t)(need - 1);
+    *len += need;
+    return 1;
+}
+
+int64_t karotte_extract_run(const uint8_t *buf, size_t len, struct kx_chain *chain,
+                            int chown_ids, const struct kx_budget *budget,
+                            struct kx_count *count, struct kx_done *done, size_t max_done,
+                            size_t *n_done, uint8_t *paths, size_t paths_cap,
+                            size_t *paths_len, size_t *need) {
     size_t off = 0;
+    size_t last_parent = (size_t)-1; /* the chain length the entry before was in */
+    struct kx_name nm;
     *n_done = 0;
+    *paths_len = 0;
+    *need = 0;
     while (*n_done < max_done && len - off >= BLOCK) {
         const uint8_t *h = buf + off;
         if (all_zero(h) || !checksum_ok(h))
             break;
         uint8_t type = h[156];
-        int file = type == '0' || type == 0 || type == '7', link = type == '2';
         size_t name_len = text_len(h, 100), prefix_len = text_len(h + 345, 155);
-        if (!(file || link) || (type == 0 && name_len && h[name_len - 1] == '/'))
+        int file = type == '0' || type == '7' || (type == 0 && !(name_len && h[name_len - 1] == '/'));
+        int dir = type == '5' || (type == 0 && !file);
+        int link = type == '2';
+        if (!(file || link || dir))
             break;
         int64_t mode = octal(h + 100, 8), uid = octal(h + 108, 8), gid = octal(h + 116, 8),
                 size = octal(h + 124, 12), mtime = octal(h + 136, 12);
@@ -201,38 +292,80 @@ int64_t karotte_extract_run(const uint8_t *buf, size_t len, int dir_fd,
             break;
         if (count->entries + 1 > budget->max_entries)
             break;
-        const uint8_t *base;
-        size_t base_len;
         char name[256], target[101];
-        if (!plain_name(h + 345, prefix_len, h, name_len, dir_path, dir_path_len, budget,
-                        &base, &base_len) || base_len >= sizeof name)
+        if (!split_name(h + 345, prefix_len, h, name_len, budget, &nm) ||
+            nm.base_len >= sizeof name || !parent_in_chain(&nm, chain))
             break;
-        memcpy(name, base, base_len);
-        name[base_len] = 0;
-        struct kx_done *d = &done[*n_done];
+        memcpy(name, nm.base, nm.base_len);
+        name[nm.base_len] = 0;
+        size_t span = BLOCK; /* a symlink or a directory has no data, as tarfile reads it */
         if (file) {
-            size_t span = BLOCK + (size_t)size + (size_t)(-size & (BLOCK - 1));
+            span += (size_t)size + (size_t)(-size & (BLOCK - 1));
             if (size > budget->max_file_size || count->read + size > budget->max_bytes ||
-                count->total + size > budget->max_bytes || span > len - off)
+                count->total + size > budget->max_bytes)
                 break;
-            if (!put_file(dir_fd, name, h + BLOCK, size, mode, chown_ids, uid, gid, mtime, d))
+            if (span > len - off) { /* all else plain: the caller may read on and call again */
+                *need = span;
                 break;
-            count->read += size, count->total += size;
-            off += span;
-        } else {
+            }
+        } else if (link) {
             size_t target_len = text_len(h + 157, 100);
             if (target_len == 0 || (int64_t)target_len > budget->max_path_bytes)
                 break;
             memcpy(target, h + 157, target_len);
             target[target_len] = 0;
-            if (!put_symlink(dir_fd, name, target, chown_ids, uid, gid, mtime, d))
-                break;
-            off += BLOCK; /* a symlink has no data, as tarfile reads it */
         }
-        d->name_off = (uint32_t)(base - buf);
-        d->name_len = (uint32_t)base_len;
+        leave(chain, nm.parts);
+        if (dir && (chain->n == KX_CHAIN || chain->path_len + 1 + nm.base_len > KX_PATH))
+            break;
+        int dir_fd = chain->n ? chain->fds[chain->n - 1] : chain->root;
+        struct kx_done *d = &done[*n_done];
+        memset(d, 0, sizeof *d);
+        if (!put_path(chain, &nm, paths, paths_cap, paths_len, d))
+            break;
+        int ok;
+        int64_t freed = 0;
+        if (file || link) {
+            for (int again = 0; again < 2; again++) {
+                ok = file ? put_file(dir_fd, name, h + BLOCK, size, mode, chown_ids, uid, gid,
+                                     mtime, d)
+                          : put_symlink(dir_fd, name, target, chown_ids, uid, gid, mtime, d);
+                if (ok != THERE || again || !clear(dir_fd, name, &freed))
+                    break;
+                count->total -= freed; /* the name is free now, whatever comes next */
+            }
+            ok = ok == 1;
+            d->data_off = off + BLOCK;
+        } else {
+            int fd = put_dir(dir_fd, name, chown_ids, uid, gid, mode, mtime, d);
+            if ((ok = fd >= 0)) { /* the entries a tar lists after a directory are its own */
+                chain->fds[chain->n++] = fd;
+                if (chain->path_len)
+                    chain->path[chain->path_len++] = '/';
+                memcpy(chain->path + chain->path_len, nm.base, nm.base_len);
+                chain->path_len += nm.base_len;
+            }
+        }
+        if (!ok) {
+            *paths_len = d->path_off;
+            break;
+        }
+        d->new_parent = nm.parts != last_parent;
+        last_parent = dir ? (size_t)-1 : nm.parts;
+        if (file)
+            count->read += size, count->total += size;
+        off += span;
         count->entries++;
         (*n_done)++;
     }
     return (int64_t)off;
+}
+
+void karotte_extract_hash(const uint8_t *buf, struct kx_done *done, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned int md_len = 0;
+        if (done[i].kind == KX_FILE)
+            EVP_Digest(buf + done[i].data_off, (size_t)done[i].size, done[i].sha256, &md_len,
+                       EVP_sha256(), NULL);
+    }
 }

@@ -1,24 +1,36 @@
 /* The plain entries of a layer tar, applied in C: karotte/images/extract.py hands over
- * the bytes it has read and the directory its last entry was in; this applies the run of
- * entries that follow, each a regular file or a symlink in that same directory, and
- * stops, consuming nothing of it, at the first entry that is anything else. Python then
- * applies (or refuses) that entry with every rule of extract.py, and calls again.
+ * the bytes it has read and the chain of directories its last entry was in; this applies
+ * the run of entries that follow, each a regular file, a symlink or a new directory whose
+ * parent is a directory of that chain (or a directory this run made), and stops,
+ * consuming nothing of it, at the first entry that is anything else. Python then applies
+ * (or refuses) that entry with every rule of extract.py, and calls again.
  *
  * Why it never does what Python would refuse: it refuses nothing itself. Whatever Python
  * would look at twice stops the run: a header that is not one plain ustar or GNU block
- * with octal numbers and a good checksum; any other type (directories, hard links,
- * devices, extended headers); a name with a ".." component, a component starting with
- * ".wh.", a parent other than dir_path, no name at all; a size, a count, a depth or a
- * length over the budget; an entry whose data is not all in buf; a name already there in
- * the directory (O_EXCL fails: Python clears it, fd-relative); any syscall that fails.
- * It writes only below dir_fd, a directory Python opened component by component without
- * following links, and makes each name new (O_CREAT|O_EXCL|O_NOFOLLOW, symlinkat), so it
- * never follows a link the image planted. */
+ * with octal numbers and a good checksum; any other type (hard links, devices, extended
+ * headers); a name with a ".." component, a component starting with ".wh.", a parent
+ * that is not in the chain, no name at all; a size, a count, a depth or a length over the
+ * budget; an entry whose data is not all in buf (*need says how many bytes it takes, so
+ * that the caller can read on and call again); a directory already there where a file or
+ * a symlink goes, or any name already there where a directory goes (Python removes a
+ * directory whole, fd-relative, and merges a directory over a directory); any syscall
+ * that fails. A file or a symlink already there is unlinked first (fstatat, unlinkat: its
+ * bytes freed as extract.py's _clear frees them), then the name is made new. It writes only below the chain's directories, which Python
+ * opened component by component without following links or this run made new, and makes
+ * each name new (O_CREAT|O_EXCL|O_NOFOLLOW, symlinkat, mkdirat), so it never follows a
+ * link the image planted.
+ *
+ * Files are not hashed here: karotte_extract_hash hashes a run's files from the same
+ * bytes, on the thread that keeps the hashes (karotte/images/tree.py's FileHashes), beside
+ * the next run's writes. */
 #ifndef KAROTTE_EXTRACT_H
 #define KAROTTE_EXTRACT_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#define KX_CHAIN 256  /* directories of a chain at most; a deeper entry stops the run */
+#define KX_PATH 4096  /* bytes of a chain's path at most; a longer one stops the run */
 
 struct kx_budget {
     int64_t max_entries, max_bytes, max_file_size, max_depth, max_path_bytes;
@@ -29,22 +41,48 @@ struct kx_count {
     int64_t entries, read, total;
 };
 
-/* One entry applied: its last component is buf[name_off:name_off + name_len]. */
-struct kx_done {
-    uint64_t ino;       /* files: the inode written */
-    int64_t size;       /* files: bytes of data */
-    uint32_t name_off, name_len;
-    uint32_t is_file;
-    uint8_t sha256[32]; /* files: the sha256 of the data */
+/* The directories below the root that the current entry is in: fds[i] is the directory
+ * named by the first i + 1 components of path ("a/b": fds[0] is a, fds[1] a/b). A run
+ * closes those it leaves and appends those it makes; the caller owns them after. */
+struct kx_chain {
+    int root;
+    size_t n;
+    int fds[KX_CHAIN];
+    size_t path_len;
+    uint8_t path[KX_PATH];
 };
 
-/* Applies entries from buf[0:len]; returns the bytes consumed (whole entries, each with
- * its data and padding), 0 where the first entry is not one it applies. *n_done gets the
- * entries applied, at most max_done. chown_ids: 1 to give each entry the tar's (uid, gid),
- * ids of 65536 and over becoming 65534 (extract.image_ids), 0 to leave the caller's. */
-int64_t karotte_extract_run(const uint8_t *buf, size_t len, int dir_fd,
-                            const uint8_t *dir_path, size_t dir_path_len, int chown_ids,
-                            const struct kx_budget *budget, struct kx_count *count,
-                            struct kx_done *done, size_t max_done, size_t *n_done);
+enum { KX_FILE = 0, KX_SYMLINK = 1, KX_DIR = 2 };
+
+/* One entry applied; its path (components joined by '/') is paths[path_off:+path_len]. */
+struct kx_done {
+    uint64_t ino;      /* files: the inode written */
+    int64_t size;      /* files: bytes of data */
+    uint64_t data_off; /* files: where the data starts in buf */
+    int64_t mode;      /* directories: the tar's permission bits, set by Python at the end */
+    int64_t mtime;     /* directories: the tar's mtime, likewise */
+    uint32_t path_off, path_len;
+    uint32_t kind;       /* KX_FILE, KX_SYMLINK or KX_DIR */
+    uint32_t new_parent; /* its parent is not the entry's before it in this run */
+    uint8_t sha256[32];  /* files: the sha256 of the data, once karotte_extract_hash ran */
+};
+
+/* Applies entries from buf[0:len] below chain; returns the bytes consumed (whole entries,
+ * each with its data and padding), 0 where the first entry is not one it applies.
+ * *n_done gets the entries applied, at most max_done; their paths go to paths (each
+ * followed by a NUL), *paths_len bytes of it, at most paths_cap. *need: 0, or the bytes
+ * from the end of what was consumed that the next entry (plain but for its data not all
+ * being in buf) takes. chown_ids: 1 to give each
+ * entry the tar's (uid, gid), ids of 65536 and over becoming 65534 (extract.image_ids), 0
+ * to leave the caller's. */
+int64_t karotte_extract_run(const uint8_t *buf, size_t len, struct kx_chain *chain,
+                            int chown_ids, const struct kx_budget *budget,
+                            struct kx_count *count, struct kx_done *done, size_t max_done,
+                            size_t *n_done, uint8_t *paths, size_t paths_cap,
+                            size_t *paths_len, size_t *need);
+
+/* The sha256 of each file of done[0:n] (whose data_off and size are in buf) into its
+ * sha256. */
+void karotte_extract_hash(const uint8_t *buf, struct kx_done *done, size_t n);
 
 #endif

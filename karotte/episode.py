@@ -30,18 +30,18 @@ from dataclasses import replace
 from typing import Any, Callable, Generic, Mapping, TypeVar
 
 from . import imageref, images
-from .custody import Custody, check_changes_home, deliverable_violations, take_custody
+from .custody import check_changes_home, take_custody
 from .environment import Environment, agent_spec, check_environment, check_files, load
 from .errors import KarotteError, SandboxClosed
-from .grading import GradeReport, phase_policy, run_grader
+from .grading import phase_policy, run_grader
 from .limiter import DEFAULT_CONCURRENCY, set_concurrency  # noqa: F401 (their old home)
 from .limiter import Limiter, Slots, default_limiter
 from .mounts import WORKSPACE
-from .outcome import (ARGUMENT_LOG_LIMIT, EPISODE_REACHES, GRADER_LOG_RECORD_LIMIT,
-                      INFRA_ERROR_LIMIT, ExecRecord, Outcome, Timings, bounded_details)
+from .outcome import ARGUMENT_LOG_LIMIT, ExecRecord, Outcome
 from .results import EgressRecord, ExecResult, capped
 from .sandbox import AsyncSandbox, Sandbox
 from .scan import ScanLimits
+from .scoring import Scoring
 from .seeding import env_name, env_seed
 from .spec import SandboxSpec
 from .toolcalls import IMAGE_TOOLS, UNTAR, ToolCall, ToolResult, render, tarball, tool_argv
@@ -104,8 +104,9 @@ def _environment(env: object) -> Environment:
     return check_environment(env)
 
 
-class _Flow:
-    """The episode's state and its decisions, shared by the sync and async faces."""
+class _Flow(Scoring):
+    """The episode's state and its decisions, shared by the sync and async faces; its end
+    is a Scoring (karotte/scoring.py)."""
 
     def __init__(self, env: Environment | str, seed: int, scan_limits: ScanLimits | None,
                  key: bytes | str | None, max_turns: int, max_seconds: float | None,
@@ -288,52 +289,6 @@ class _Flow:
         if time.monotonic() > self.deadline:
             return self.outcome(None, "budget_exhausted")
         return None
-
-    # -- the end
-
-    def outcome(self, reward: float | None, reason: str, custody: Custody | None = None,
-                report: GradeReport | None = None, infra_error: str | None = None,
-                grade_seconds: float = 0.0) -> Outcome:
-        bottom = self.env.reward_range[0]
-        timings = Timings(self.t_reset, self.t_agent,
-                          custody.kill_seconds if custody else 0.0,
-                          custody.scan_seconds if custody else 0.0, grade_seconds,
-                          time.monotonic() - self.t_start)
-        details, dropped = bounded_details(report.details) if report else ({}, 0)
-        egress = self.egress_of()
-        self.running = False
-        self.finished = Outcome(
-            self.name, self.seed, bottom if reward is None else reward, reason,
-            custody.violations if custody else (),
-            custody.violations_dropped if custody else 0,
-            None if infra_error is None else capped(infra_error, INFRA_ERROR_LIMIT),
-            timings, tuple(self.log), details, dropped,
-            capped(report.log, GRADER_LOG_RECORD_LIMIT) if report else "",
-            custody.changed_paths if custody else 0, custody.deleted_paths if custody else 0,
-            egress.bounded(EPISODE_REACHES) if egress is not None else None,
-            report.egress if report else None)
-        return self.finished
-
-    def judge(self, custody: Custody) -> Outcome | None:
-        """The outcome decided before grading, if any."""
-        if not custody.kill_confirmed:
-            return self.outcome(None, "kill_unconfirmed", custody,
-                                infra_error=None)
-        if deliverable_violations(custody.violations, self.env.deliverables):
-            return self.outcome(None, "scanner_rejected_required_output", custody)
-        return None
-
-    def graded(self, custody: Custody, report: GradeReport, seconds: float) -> Outcome:
-        if report.reason != "graded":
-            return self.outcome(None, report.reason, custody, report, grade_seconds=seconds)
-        bottom, top = self.env.reward_range
-        if not bottom <= report.reward <= top:
-            # A grader that scores the agent's raw input (1 - |x - e| / e) must not hand the
-            # trainer -1e296: outside reward_range is the bottom, with the value kept.
-            report = replace(report, details={**report.details, "rejected_reward": report.reward})
-            return self.outcome(None, "reward_out_of_range", custody, report,
-                                grade_seconds=seconds)
-        return self.outcome(report.reward, "graded", custody, report, grade_seconds=seconds)
 
     def finish(self, kill_all: Callable[[], None], workspace_fd: int,
                close: Callable[[], None], upper_fd: int | None = None) -> Outcome:

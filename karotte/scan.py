@@ -10,7 +10,8 @@ Why it is safe, step by step:
   joined path, so no symlink, rename or `..` can move the walk outside the tree.
 - lstat (fstatat with AT_SYMLINK_NOFOLLOW) decides the type before anything is
   opened: a FIFO, socket, device or symlink is rejected without an open, so a FIFO
-  cannot block us and a device cannot be read (FS-FIFO-01, FS-SPECIAL-01).
+  cannot block us and a device cannot be read (FS-FIFO-01, FS-SPECIAL-01). These rules,
+  judged on the stat alone, are karotte/scan_rules.py; this module is the walk and the copy.
 - Opens carry O_NOFOLLOW (a symlink swapped in after lstat fails with ELOOP) and
   O_NONBLOCK (a FIFO swapped in cannot block); fstat on the opened fd must show the
   inode lstat saw. The bytes are read from that very fd (FS-TOCTOU-01).
@@ -38,7 +39,11 @@ from typing import AnyStr, Sequence
 
 from .errors import KarotteError
 from .results import VIOLATION_KINDS, ScannedFile, ScanResult, Violation, capped, escape
-from .spec import KiB, MiB, ScanLimits
+from .scan_rules import (Finding, dir_findings, file_findings, human_size, name_finding,
+                         special_finding)
+from .scan_rules import (RULE_HARDLINK, RULE_MODE, RULE_NAME, RULE_TYPES,  # noqa: F401
+                         SPARSE_MIN_SIZE)  # (public here too)
+from .spec import MiB, ScanLimits
 
 __all__ = [
     "ScanError", "ScanLimits", "Violation", "ScannedFile", "ScanResult", "VIOLATION_KINDS",
@@ -50,7 +55,6 @@ __all__ = [
 # grader that zips the submission (ZIP cannot hold a time before 1980) still works.
 COPY_TIME = 946_684_800
 _COPY_TIMES_NS = (COPY_TIME * 1_000_000_000, COPY_TIME * 1_000_000_000)
-SPARSE_MIN_SIZE = 64 * KiB  # smaller files are never called sparse: their holes cost little
 _CHUNK = 1 * MiB
 # REC-BOUND-01: what the result holds of the violations, whatever the agent made. A
 # deliverable's path is at most 255 bytes (Environment's check), three times that in JSON,
@@ -70,20 +74,8 @@ _DST_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CL
 # open() errors that mean the entry is no longer what lstat saw.
 _CHANGED_ERRNOS = {errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.ENODEV}
 
-RULE_TYPES = "D3 file types: only regular files and directories"
-RULE_HARDLINK = "D3 hard links: a regular file must have st_nlink == 1"
-RULE_MODE = "D2 modes: no setuid, setgid or sticky bits"
 RULE_CHANGED = "D2 fd walk: lstat, the opened fd and the copy must see one unchanged inode"
 RULE_UNREADABLE = "D2 fd walk: the host must be able to read the entry"
-RULE_NAME = "D2 names: a name is one path component, not '.' or '..'"
-
-_SPECIAL_KINDS = {
-    stat.S_IFLNK: ("symlink", "symlink not allowed"),
-    stat.S_IFIFO: ("fifo", "FIFO not allowed"),
-    stat.S_IFSOCK: ("socket", "socket not allowed"),
-    stat.S_IFBLK: ("block-device", "block device not allowed"),
-    stat.S_IFCHR: ("char-device", "character device not allowed"),
-}
 
 class ScanError(KarotteError):
     """The scan could not run: a bad workspace fd or dest_dir, or a host-side failure
@@ -107,17 +99,6 @@ def relation(path: AnyStr, deliverable: AnyStr) -> str | None:
 def _reported(raw: bytes) -> str:
     """How a violation names its path: escaped, cut to PATH_TEXT_LIMIT; "." for the root."""
     return capped(escape(raw), PATH_TEXT_LIMIT) if raw else "."
-
-
-def _human(n: int) -> str:
-    if n < 1024:
-        return f"{n} B"
-    size = n / 1024
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        if size < 1024:
-            return f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} PiB"
 
 
 def _lstat(name: bytes, dir_fd: int) -> os.stat_result:
@@ -203,6 +184,12 @@ class Walk:
         self._charge(raw, path)
         self.violations.append(Violation(path, kind, rule, detail))
 
+    def _found(self, raw: bytes, findings: list[Finding]) -> bool:
+        """Record each of a rule's findings for the entry at raw; True if there were any."""
+        for finding in findings:
+            self._violate(raw, *finding)
+        return bool(findings)
+
     def _stop(self, raw: bytes, kind: str, budget: str, detail: str) -> None:
         self.violations.append(Violation(self._report(raw), kind, f"D4 budget: {budget}", detail))
         self.complete = False
@@ -227,9 +214,7 @@ class Walk:
         """An entry that is neither a regular file nor a directory, judged on lstat alone:
         a FIFO, socket, device or symlink is never opened. (A diff's walk keeps a symlink:
         it reads the target on an O_PATH fd of the link, which opens nothing it names.)"""
-        fmt = stat.S_IFMT(st.st_mode)
-        kind, detail = _SPECIAL_KINDS.get(fmt, ("unknown-type", f"file type {fmt:#o}"))
-        self._violate(raw, kind, RULE_TYPES, detail)
+        self._violate(raw, *special_finding(st))
 
     def _accepts(self, fd: int, raw: bytes, fst: os.stat_result) -> bool:
         """A last judgement of an opened file or directory, on its fd; False if it is
@@ -306,16 +291,9 @@ class Walk:
     def _entry(self, parent: Frame, name: bytes) -> Frame | None:
         raw = parent.raw + b"/" + name if parent.raw else name
         self._check_time(raw)
-        limits = self.limits
-        # The kernel never returns these, but a name that is not one component is the one
-        # thing that could make a dir_fd-relative create land outside dest_dir.
-        if not name or b"/" in name or b"\0" in name or name in (b".", b".."):
-            self._violate(raw, "invalid-name", RULE_NAME)
-            return None
-        if len(name) > limits.max_name_length:
-            self._violate(raw, "name-too-long",
-                          f"D4 budget: max_name_length={limits.max_name_length}",
-                          f"name of {len(name)} bytes")
+        finding = name_finding(name, self.limits)
+        if finding is not None:
+            self._violate(raw, *finding)
             return None
         try:
             st = _lstat(name, parent.src)
@@ -362,16 +340,8 @@ class Walk:
         return fd, fst
 
     def _dir_problems(self, raw: bytes, st: os.stat_result) -> bool:
-        # Special bits on a directory are rejected like on a file (setgid dirs too: a
-        # deliverable stays one plain tree, whatever the copy would normalise).
-        found = False
-        for bit, kind in ((stat.S_ISUID, "setuid"), (stat.S_ISGID, "setgid"),
-                          (stat.S_ISVTX, "sticky")):
-            if st.st_mode & bit:
-                self._violate(raw, kind, RULE_MODE,
-                              f"directory mode {stat.S_IMODE(st.st_mode):04o}")
-                found = True
-        return found
+        """Record every rule the directory breaks (karotte/scan_rules.py); True if any."""
+        return self._found(raw, dir_findings(st))
 
     def _dir(self, parent: Frame, name: bytes, raw: bytes, st: os.stat_result) -> Frame | None:
         if self._dir_problems(raw, st):
@@ -402,26 +372,7 @@ class Walk:
 
     def _file_problems(self, raw: bytes, st: os.stat_result) -> bool:
         """Record every rule the file breaks (judged on stat alone, in O(1)); True if any."""
-        limits = self.limits
-        found = False
-        if st.st_nlink > 1:
-            self._violate(raw, "hardlink", RULE_HARDLINK, f"hard link count {st.st_nlink}")
-            found = True
-        for bit, kind in ((stat.S_ISUID, "setuid"), (stat.S_ISGID, "setgid"),
-                          (stat.S_ISVTX, "sticky")):
-            if st.st_mode & bit:
-                self._violate(raw, kind, RULE_MODE, f"mode {stat.S_IMODE(st.st_mode):04o}")
-                found = True
-        size = st.st_size
-        if size > limits.max_file_size:
-            self._violate(raw, "file-too-large", f"D4 budget: max_file_size={limits.max_file_size}",
-                          f"file too large: {_human(size)} > {_human(limits.max_file_size)}")
-            found = True
-        elif size > SPARSE_MIN_SIZE and st.st_blocks * 512 < size * limits.sparse_ratio:
-            self._violate(raw, "sparse", f"D4 budget: sparse_ratio={limits.sparse_ratio:g}",
-                          f"{_human(st.st_blocks * 512)} allocated for a size of {_human(size)}")
-            found = True
-        return found
+        return self._found(raw, file_findings(st, self.limits))
 
     def _file(self, parent: Frame, name: bytes, raw: bytes, st: os.stat_result) -> None:
         if self._file_problems(raw, st):
@@ -437,7 +388,7 @@ class Walk:
             size = fst.st_size
             if self.total + size > self.limits.max_total_size:
                 self._stop(raw, "total-too-large", f"max_total_size={self.limits.max_total_size}",
-                           f"{_human(self.total)} copied, this file adds {_human(size)}")
+                           f"{human_size(self.total)} copied, this file adds {human_size(size)}")
             path = self._shown(raw)
             self._charge(raw, path)
             self._copy(fd, fst, parent.dst, name, raw, path)

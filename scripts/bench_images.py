@@ -79,9 +79,10 @@ IMAGE_PHASES: dict[str, tuple[str, str]] = {
     "tree: each layer: extract (apply_layer)": ("karotte.images.layers", "apply_layer"),
     "tree: each layer: the blob copy's end, fsync and digest (BlobCopy.finish)":
         ("karotte.images.blobs", "BlobCopy.finish"),
-    "tree: manifest, a walk taking the files' hashes from extraction (manifest)":
-        ("karotte.images.store", "manifest"),
-    "tree: manifest.jsonl text (manifest_text)": ("karotte.images.store", "manifest_text"),
+    "tree: manifest.jsonl, a walk taking the files' hashes from extraction (manifest_file)":
+        ("karotte.images.store", "manifest_file"),
+    "tree: each layer: directories' modes and mtimes at its end (_Layer._finish)":
+        ("karotte.images.extract", "_Layer._finish"),
     "tree: syncfs of the store's filesystem (syncfs)": ("karotte.images.store", "syncfs"),
     "records under sources/ and refs/ (Store._write_record)":
         ("karotte.images.store", "Store._write_record"),
@@ -549,14 +550,15 @@ def case_profile(ws: Workspace, log) -> dict:
 # What the own time of a profile's functions is, by what they do: the first group whose
 # key is in "path:function" takes it.
 _GROUPS = (
-    ("extraction's C run (csrc/extract.c): plain entries' syscalls, data, sha256",
+    ("extraction's C run (csrc/extract.c): plain entries' syscalls and data",
      ("karotte_extract_run",)),
+    ("the manifest's C walk (csrc/tree.c): fstatat, directories", ("karotte_tree",)),
     ("sha256 (blob copy, diff_id, files)", ("_hashlib",)),
     ("the layer tar reader (tarstream.py): headers, data views", ("tarstream.py",)),
     ("tarfile: the archive's own table and member reads", ("tarfile.py",)),
     ("json", ("json/",)),
     ("file data: os.read, os.write, buffered file reads and writes",
-     ("posix.read>", "posix.write>", "_io.Buffered", "_io.FileIO")),
+     ("posix.read>", "posix.write>", "posix.preadv>", "_io.Buffered", "_io.FileIO")),
     ("other syscalls: open, stat, chmod, chown, utime, mkdir, listdir, sync, ...",
      ("posix.",)),
     ("karotte's own Python (extract.py, whiteout.py, tree.py, store.py, layers.py, ...)",

@@ -39,18 +39,18 @@ SANDBOX_PHASES: dict[str, tuple[str, str]] = {
         ("karotte.cgroups", "acquire"),
     "create: clone3 of init, from a thread in the sandbox's cgroup (spawn_init)":
         ("karotte.native", "spawn_init"),
-    "create: uid/gid maps (_write_proc)": ("karotte.sandbox", "_write_proc"),
+    "create: uid/gid maps (_write_proc)": ("karotte.sandbox_core", "_write_proc"),
     "create: config message build": ("karotte.plan", "config_message"),
-    "channel send": ("karotte.sandbox", "_Core.send"),
-    "create: whole start() before waiting": ("karotte.sandbox", "_Core.start"),
-    "create: READY receive": ("karotte.sandbox", "_Core.recv_with_fds"),
-    "create: finish_start": ("karotte.sandbox", "_Core.finish_start"),
+    "channel send": ("karotte.sandbox_core", "_Core.send"),
+    "create: whole start() before waiting": ("karotte.sandbox_core", "_Core.start"),
+    "create: READY receive": ("karotte.sandbox_core", "_Core.recv_with_fds"),
+    "create: finish_start": ("karotte.sandbox_core", "_Core.finish_start"),
     "exec: begin_exec (cgroup peak reset, oom count, pipes, send)":
-        ("karotte.sandbox", "_Core.begin_exec"),
+        ("karotte.sandbox_core", "_Core.begin_exec"),
     "exec: wait for exit (drive_sync)": ("karotte.sandbox", "drive_sync"),
-    "exec: end_exec (cgroup peak and oom reads)": ("karotte.sandbox", "_Core.end_exec"),
-    "destroy: whole": ("karotte.sandbox", "_Core.destroy"),
-    "destroy: kill_all (cgroup kill + reap init)": ("karotte.sandbox", "_Core.kill_all"),
+    "exec: end_exec (cgroup peak and oom reads)": ("karotte.sandbox_core", "_Core.end_exec"),
+    "destroy: whole": ("karotte.sandbox_core", "_Core.destroy"),
+    "destroy: kill_all (cgroup kill + reap init)": ("karotte.sandbox_core", "_Core.kill_all"),
     "destroy: cgroup back to the pool or rmdir (Cgroup.release)":
         ("karotte.cgroups", "Cgroup.release"),
     "destroy: cgroup rmdir (Cgroup.destroy, when not pooled)":
@@ -87,7 +87,7 @@ IMAGE_SANDBOX_PHASES: dict[str, tuple[str, str]] = {
     "create: image: the tree's shared lock, the lease (Store._hold)":
         ("karotte.images.store", "Store._hold"),
     "create: plan, idmapped tree and CONFIG sent (_send_config)":
-        ("karotte.sandbox", "_Core._send_config"),
+        ("karotte.sandbox_core", "_Core._send_config"),
     "create: image: idmapped tree (open_tree + mount_setattr, idmapped_tree)":
         ("karotte.imageroot", "idmapped_tree"),
     "create: image: of which each syscall through ctypes (_syscall)":

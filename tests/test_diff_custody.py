@@ -17,7 +17,7 @@ import tempfile
 
 import pytest
 
-from conftest import needs_sandbox
+from conftest import bookworm_tree, needs_sandbox
 from envs.basic import Addition
 from envs.diff import PTH_MARK, DiffReports
 from karotte import custody, grading, hostdirs
@@ -319,6 +319,41 @@ def test_DIFF_GIT_01_a_git_the_agent_put_in_the_diff_does_not_run_on_the_image_a
     assert outcome.reason == "graded", outcome.grader_log
     (run,), (pristine,) = ran(outcome), ran(outcome, "pristine")
     assert run == (0, "FORGED\n") and pristine[0] == 127  # this image has no git of its own
+
+
+# The smallest Debian image with a git of its own: bookworm's essential set, with python3
+# for the grader. Built by mmdebstrap once a day into conftest's IMAGE_CACHE; without
+# Debian's archive the test skips, naming why.
+GIT_PACKAGES = ("git", "python3")
+FORGED = "KAROTTE-FORGED-GIT-RAN"  # what the agent's /usr/bin/git prints
+
+
+@pytest.fixture(scope="session")
+def git_tree() -> str:
+    return bookworm_tree("essential", GIT_PACKAGES)
+
+
+@episodes
+def test_DIFF_GIT_01_a_git_the_agent_put_in_the_diff_never_runs_in_ctx_git(
+        on_image, git_tree, monkeypatch, no_leaks):
+    # The agent commits with the image's git, then puts a git of its own at /usr/bin/git,
+    # which tells a history of its choosing. ctx.git reads the repository with the image's
+    # git as it was; ctx.run, the control, runs the agent's system and finds the forgery.
+    env = on_image({"git": [["log", "--format=%s"]], "runs": [["/usr/bin/git", "log"]]})
+    monkeypatch.setattr(DiffReports, "image", f"dir:{git_tree}")
+    forged = f"#!/bin/sh\necho {FORGED}\necho {FORGED} >&2\n"
+    git = "git -c safe.directory=/workspace"  # the workspace is the agent's uid's
+    outcome = play(env, f"{git} init -q && echo work > work.txt && {git} add work.txt && "
+                        f"{git} -c user.name=agent -c user.email=agent@example.com "
+                        "commit -q -m 'the honest commit'",
+                   f"printf '{forged}' > /usr/bin/git && chmod 755 /usr/bin/git && "
+                   f"git log | grep -qx {FORGED}")
+    assert outcome.reason == "graded", outcome.grader_log
+    assert "/usr/bin/git" in outcome.details["tree"]  # in the vetted diff
+    (log,) = outcome.details["git"]
+    assert (log["exit"], log["stdout"]) == (0, "the honest commit\n"), log
+    assert FORGED not in log["stdout"] + log["stderr"]
+    assert ran(outcome) == [(0, f"{FORGED}\n")]  # the replaced git is in the diff
 
 
 @episodes

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import socketserver
 import ssl
 import subprocess
 import threading
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from egress_servers import Gateway, file_server
+from egress_servers import Gateway, file_server, http_server
 from karotte.egress import EgressLimits
 
 NAMES = {"files.test": ["127.0.0.1"], "evil.test": ["127.0.0.1"],
@@ -36,6 +37,27 @@ def files(tmp_path):
 def tls_files(tmp_path_factory):
     with file_server(tmp_path_factory.mktemp("tls"), {"hello.txt": "hello over tls\n"},
                      tls_names=["files.test", "evil.test"]) as server:
+        yield server
+
+
+class RawHeads(socketserver.StreamRequestHandler):
+    """Keeps every request head it reads, whatever its method or form, in server.seen,
+    and answers each "ok" on the kept-alive connection (the requests here have no body)."""
+
+    def handle(self):
+        while True:
+            head = b""
+            while not head.endswith(b"\r\n\r\n"):
+                if not (line := self.rfile.readline()):
+                    return
+                head += line
+            self.server.seen.append(head)
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+
+
+@pytest.fixture
+def heads():
+    with http_server(RawHeads) as server:
         yield server
 
 
@@ -317,3 +339,80 @@ def test_EGRESS_BYPASS_01_an_upstream_listener_goes_through_the_same_check(gatew
     (reach,) = session.record().reaches
     assert (reach.via, reach.allowed, reach.reason) == ("upstream:model", False,
                                                         "internal_address")
+
+
+def test_EGRESS_KEEPALIVE_01_an_origin_form_request_after_an_absolute_form_one_is_refused(
+        gateway, heads):
+    # The first request opened a connection to files.test; an origin-form request next
+    # (its Host another) names no destination of its own and must not ride that one.
+    session, proxy, _ = gateway.serve([f"files.test:{heads.port}", f"127.0.0.1:{heads.port}"])
+    sneaked = f"GET /secret HTTP/1.1\r\nHost: evil.test:{heads.port}\r\n\r\n".encode()
+    with connect(proxy) as sock:
+        sock.sendall(get(f"files.test:{heads.port}", "/first"))
+        head, body = read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200") and body == b"ok\n"
+        sock.sendall(sneaked)
+        refused = read_all(sock)
+    with connect(proxy) as sock:  # pipelined behind the first, in one write
+        sock.sendall(get(f"files.test:{heads.port}", "/second") + sneaked)
+        pipelined = read_all(sock)
+    for reply in (refused, pipelined):
+        assert b"X-Karotte-Egress: not_proxy_request" in reply, reply
+    assert pipelined.count(b"HTTP/1.1 200") == 1
+    assert [h.split(b" ")[1] for h in heads.seen] == [b"/first", b"/second"]
+    assert [r.reason for r in session.record().reaches] == [
+        "ok", "not_proxy_request", "ok", "not_proxy_request"]
+
+
+UPSTREAM_REFUSED = {
+    "absolute-form": "GET http://evil.test:{port}/x HTTP/1.1\r\nHost: evil.test:{port}\r\n\r\n",
+    "connect": "CONNECT evil.test:{port} HTTP/1.1\r\nHost: evil.test:{port}\r\n\r\n",
+    "connect-origin-form": "CONNECT /x HTTP/1.1\r\nHost: files.test:{port}\r\n\r\n",
+    "asterisk-form": "OPTIONS * HTTP/1.1\r\nHost: files.test:{port}\r\n\r\n",
+}
+
+
+def _upstream(gateway, heads):
+    """A session whose upstream "model" is the raw server, at files.test (a name the
+    allow-list does not list: only the upstream's own name and port are allowed)."""
+    return gateway.serve([f"127.0.0.1:{heads.port}"],
+                         {"model": f"http://files.test:{heads.port}/v1"})
+
+
+@pytest.mark.parametrize("form", UPSTREAM_REFUSED)
+def test_EGRESS_UPSTREAMFORM_01_an_upstream_listener_refuses_what_is_not_origin_form(
+        gateway, heads, form):
+    # An upstream listener sends each request to its one upstream with the host's
+    # credentials; a request that names another destination, or a tunnel, is refused
+    # before anything is sent.
+    session, _, ups = _upstream(gateway, heads)
+    with connect(ups["model"]) as sock:
+        sock.sendall(UPSTREAM_REFUSED[form].format(port=heads.port).encode())
+        reply = read_all(sock)
+    assert reply.startswith(b"HTTP/1.1 400") and b"X-Karotte-Egress: bad_request" in reply
+    assert b"origin-form" in reply and heads.seen == [] and gateway.asked == []
+    (reach,) = session.record().reaches
+    assert (reach.via, reach.allowed, reach.reason) == ("upstream:model", False, "bad_request")
+
+
+@pytest.mark.parametrize("form", ["absolute-form", "connect"])
+def test_EGRESS_UPSTREAMFORM_01_a_kept_alive_upstream_connection_checks_each_request(
+        gateway, heads, form):
+    session, _, ups = _upstream(gateway, heads)
+    sneaked = UPSTREAM_REFUSED[form].format(port=heads.port).encode()
+    first = b"GET /a HTTP/1.1\r\nHost: anything\r\n\r\n"
+    with connect(ups["model"]) as sock:
+        sock.sendall(first)
+        head, body = read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200") and body == b"ok\n"
+        sock.sendall(sneaked)
+        refused = read_all(sock)
+    with connect(ups["model"]) as sock:  # pipelined behind an origin-form one
+        sock.sendall(first + sneaked)
+        pipelined = read_all(sock)
+    for reply in (refused, pipelined):
+        assert b"X-Karotte-Egress: bad_request" in reply, reply
+    assert pipelined.count(b"HTTP/1.1 200") == 1
+    assert [h.split(b"\r\n")[0] for h in heads.seen] == [b"GET /v1/a HTTP/1.1"] * 2
+    assert all(f"Host: files.test:{heads.port}".encode() in h for h in heads.seen)
+    assert [r.reason for r in session.record().reaches] == ["ok", "bad_request"] * 2

@@ -8,6 +8,7 @@ sentinel directory lies next to the root.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import os
@@ -21,8 +22,11 @@ from pathlib import Path
 import pytest
 
 from karotte.images import fastpath
+from karotte.images import extract as extract_module
+from karotte.images import tree as tree_module
 from karotte.images.extract import (EXTENDED_HEADER_LIMIT, RULES, LayerBudget, LayerError,
                                     TreeEntry, apply_layer, image_ids, manifest)
+from karotte.images.tree import manifest_text
 from karotte.images.tarstream import TarReader
 from karotte.scan import escape
 
@@ -528,6 +532,64 @@ def test_manifest_lists_every_path_in_order_and_refuses_what_a_tree_cannot_hold(
     assert err.value.rule == "IMG-TREE-01" and err.value.entry == "b/fifo"
 
 
+@pytest.mark.skipif(not tree_module.NATIVE, reason="karotte._native is not built (pip install -e .)")
+def test_the_c_walk_lists_the_manifest_the_python_walk_lists(tree):
+    # Names in byte order (upper case, '-', a quote), symlinks absolute and relative,
+    # empty directories, modes; hashes known for some files, one at a size it no longer
+    # has (read again); the text in one C call; then names that need escaping (not
+    # UTF-8, a backslash, a newline), and a FIFO, which stops both walks alike.
+    tree.apply(folder("b", 0o750), reg("b/z", b"z"), reg("a", b"hello", 0o600),
+               sym("c", "/etc/localtime"), folder("b/e"), reg("a-b", b"x" * 70_000),
+               reg("B", b"upper"), sym("b/up", "../a"), folder("d/deeper/still"),
+               reg("d/deeper/still/f", b"f"), reg('q"uote', b""))
+    python = tree_module._manifest_python(tree.fd, {})
+    assert tree_module.manifest(tree.fd, {}) == python
+    assert [e.path for e in python][:4] == [".", "B", "a", "a-b"]
+    files = {e.path: os.lstat(tree.path / e.path) for e in python if e.type == "file"}
+    known = "ab" * 32
+    hashes = {st.st_ino: (st.st_size, known) for path, st in files.items() if path != "a"}
+    hashes[files["B"].st_ino] = (99, known)  # not its size now: hashed again
+    native = tree_module.manifest(tree.fd, hashes)
+    assert native == tree_module._manifest_python(tree.fd, hashes)
+    digests = {e.path: e.sha256 for e in native if e.type == "file"}
+    assert digests["b/z"] == digests["a-b"] == known
+    assert digests["a"] == hashlib.sha256(b"hello").hexdigest()
+    assert digests["B"] == hashlib.sha256(b"upper").hexdigest()
+    size = 5 + 70_000 + 1 + 5 + 1
+    assert tree_module.manifest_file(tree.fd, hashes) == (manifest_text(native), size)
+    tree.apply(reg("b/\xe9\\\n", b""))
+    os.mkdir(os.fsencode(tree.path) + b"/\xff")  # escaped: the text is Python's
+    entries = tree_module._manifest_python(tree.fd, hashes)
+    assert tree_module.manifest(tree.fd, hashes) == entries
+    assert {"b/\xe9\\x5c\\x0a", "\\xff"} <= {e.path for e in entries}
+    assert tree_module.manifest_file(tree.fd, hashes) == (manifest_text(entries), size)
+    os.mkfifo(tree.path / "d" / "deeper" / "fifo")
+    for walk in (tree_module.manifest, tree_module._manifest_python):
+        with pytest.raises(LayerError) as err:
+            walk(tree.fd, {})
+        assert (err.value.rule, err.value.entry) == ("IMG-TREE-01", "d/deeper/fifo")
+        assert "file type 0o10000" in err.value.detail
+
+
+@pytest.mark.skipif(not tree_module.NATIVE, reason="karotte._native is not built (pip install -e .)")
+def test_the_c_walk_of_a_deep_tree_with_long_targets_lists_what_the_python_walk_lists(tree):
+    # 600 directories deep, a symlink of the longest target at every level: the C walk
+    # keeps no per-level buffer on its stack.
+    at = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=tree.fd)
+    try:
+        for i in range(600):
+            os.symlink("t" * 4095, f"s{i}", dir_fd=at)
+            os.mkdir("d", dir_fd=at)
+            nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=at)
+            os.close(at)
+            at = nxt
+    finally:
+        os.close(at)
+    python = tree_module._manifest_python(tree.fd, {})
+    assert len(python) == 1 + 2 * 600
+    assert tree_module.manifest(tree.fd, {}) == python
+
+
 def test_layer_error_names_entry_rule_and_detail_escaped():
     err = LayerError(escape(b"a\nb\xff"), "IMG-DEVICE-01", "a FIFO is not allowed")
     assert err.entry == "a\\x0ab\\xff"
@@ -680,24 +742,54 @@ needs_native = pytest.mark.skipif(not fastpath.AVAILABLE,
                                   reason="karotte._native is not built (pip install -e .)")
 
 
-def _outcome(data: bytes, base: Path, native: bool, ids=None) -> tuple:
-    """What applying data as two layers (the second the first again: every name there)
-    gives: the rule refused, or the tree's manifest."""
+def _outcome(data: bytes, base: Path, native: bool, ids=None, then: bytes | None = None,
+             budget: LayerBudget = LayerBudget(max_bytes=1 << 20, max_file_size=1 << 20)
+             ) -> tuple:
+    """What applying data as two layers (the second `then`, or the first again: every
+    name there) gives: the rule refused, or the tree's manifest, mtimes and bytes of files
+    (as apply_layer counts them) after each."""
     base.mkdir()
     t = Tree(base)
     hashes: dict = {}
     try:
-        total = 0
-        for _ in range(2):
-            total = apply_layer(io.BytesIO(data), t.fd, hashes=hashes, tree_bytes=total,
-                                native=native, ids=ids,
-                                budget=LayerBudget(max_bytes=1 << 20, max_file_size=1 << 20))
-        return ("tree", manifest(t.fd, hashes), manifest(t.fd))
+        total, seen = 0, []
+        for each in (data, data if then is None else then):
+            total = apply_layer(io.BytesIO(each), t.fd, hashes=hashes, tree_bytes=total,
+                                native=native, ids=ids, budget=budget)
+            seen.append((manifest(t.fd, hashes), manifest(t.fd), _mtimes(t.path), total))
+        return ("tree", *seen[-1], seen[0])
     except LayerError as exc:
         return ("refused", exc.rule)
     finally:
         os.close(t.fd)
         t.untouched()
+
+
+def _mtimes(root: Path) -> list[tuple[str, int | str]]:
+    """Every path's mtime, which the manifest does not hold; a parent the tar never named
+    has the time it was made ("now"), since the tars here give only small mtimes."""
+    return sorted((str(p.relative_to(root)), m if (m := p.lstat().st_mtime_ns) < 10**17
+                   else "now") for p in root.rglob("*"))
+
+
+def _old_dir(name: str) -> tuple:
+    """A directory as old tars write one: type NUL ('\\0', AREGTYPE) and a trailing slash."""
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.mtime = tarfile.AREGTYPE, 0o751, 4_000
+    return info, b""
+
+
+def _nested_entries() -> list[tuple]:
+    """Directories in directories, left for a parent's sibling and for the root again, a
+    directory named once its children are there, and a whiteout of something this layer
+    made: what the C run follows in its chain of directories, and where it must stop."""
+    return [folder("n", 0o755, mtime=2_000), folder("n/a", 0o700, mtime=2_001),
+            reg("n/a/f", b"f", mtime=2_002), folder("n/a/b", 0o750, mtime=2_003),
+            reg("n/a/b/g", b"g"), sym("n/a/b/s", "../f"), reg("n/a/h", b"h"),
+            folder("n/c", 0o1777, mtime=2_004), reg("n/c/i", b"i"), reg("top", b"t"),
+            folder("n/a/b/deep", 0o705), reg("n/a/b/deep/j", b"j"), _old_dir("n/old/"),
+            reg("n/old/k", b"k"), folder("n/a", 0o711, mtime=2_005), reg("n/.wh.c"),
+            folder("n/c/again", 0o700)]
 
 
 def _many_entries() -> list[tuple]:
@@ -709,7 +801,7 @@ def _many_entries() -> list[tuple]:
         members += [sym(f"d{d}/s", "f1"), sym(f"d{d}/abs", "/etc/passwd"),
                     reg(f"d{d}/sub/deeper", b"y"), reg(f"./d{d}/dot", b"z"),
                     reg(f"d{d}/f3", b"again: replaced")]
-    return members
+    return members + _nested_entries()
 
 
 @needs_native
@@ -720,6 +812,49 @@ def test_the_c_fast_path_makes_the_tree_extract_py_makes(tmp_path, fmt):
     fast = _outcome(data, tmp_path / "fast", True)
     assert fast[0] == "tree" and fast == _outcome(data, tmp_path / "slow", False)
     assert fast[1] == fast[2]  # the hashes taken from extraction are the files' own
+
+
+@needs_native
+def test_the_c_fast_path_reads_on_for_an_entry_across_reads_and_replaces_what_is_there(
+        tmp_path, monkeypatch):
+    # Files across the reader's 1 MiB reads (the C run reads on for up to GROW bytes), one
+    # over GROW (left to extract.py), then the same layer again: each file and symlink
+    # replaced where it is (the old one unlinked first, its bytes freed), a file where a
+    # directory was (extract.py removes the directory), a directory where a file was.
+    rng = random.Random(5)
+    members = [folder("big")]
+    for i in range(40):
+        members.append(reg(f"big/f{i}", rng.randbytes(rng.choice([3_000, 90_000, 300_000]))))
+    members += [reg("big/huge", rng.randbytes(fastpath.GROW + 1)), sym("big/s", "f1"),
+                reg("big/hard", b"h"), hard("big/hard2", "big/hard"), folder("big/dir"),
+                reg("big/dir/x", b"x")]
+    data = layer(*members).getvalue()
+    then = layer(*members[1:21], folder("big/f20"), reg("big/f20/x", b"x"), *members[22:-2],
+                 reg("big/dir", b"a file now"), reg("big/hard", b"replaced")).getvalue()
+    budget = LayerBudget(max_bytes=64 << 20, max_file_size=16 << 20)
+    by_python: list[bytes] = []
+    file = extract_module._Layer._file
+    monkeypatch.setattr(extract_module._Layer, "_file", lambda self, tar, m, dirs, name: (
+        by_python.append(m.name), file(self, tar, m, dirs, name))[1])
+    fast = _outcome(data, tmp_path / "fast", True, then=then, budget=budget)
+    assert fast[0] == "tree"
+    # extract.py wrote only the file over GROW (each time), the second layer's first
+    # entry (in a lower directory, not yet in the chain) and the file on a directory
+    assert sorted(by_python) == [b"big/dir", b"big/f0", b"big/huge", b"big/huge"], by_python
+    assert fast == _outcome(data, tmp_path / "slow", False, then=then, budget=budget)
+
+
+@needs_native
+def test_the_c_fast_path_keeps_what_a_layer_made_below_a_lower_directory(tmp_path):
+    # After a whiteout (which adds nothing), the C run writes a/b/f into the lower a/b:
+    # the layer's later .wh.b must keep it, and delete what the lower layer put there.
+    lower = layer(folder("a"), folder("a/b"), reg("a/b/old", b"o"), reg("a/b/gone", b"g"))
+    upper = layer(reg("a/b/.wh.gone"), reg("a/b/f", b"f"), reg("a/b/f2", b"f2"),
+                  reg("a/.wh.b"))
+    fast = _outcome(lower.getvalue(), tmp_path / "fast", True, then=upper.getvalue())
+    assert fast == _outcome(lower.getvalue(), tmp_path / "slow", False,
+                            then=upper.getvalue())
+    assert [e.path for e in fast[1]] == [".", "a", "a/b", "a/b/f", "a/b/f2"]
 
 
 @needs_native

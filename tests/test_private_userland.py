@@ -195,11 +195,13 @@ def _peek(sandbox: Sandbox) -> str:
 @pytest.mark.parametrize("private", [False, True], ids=["shared-control", "private"])
 def test_LINK_SIBLING_02_a_graded_program_marks_nothing_that_a_live_sibling_reads_in_the_page_cache(
         no_leaks, nothing_left, any_link_tree, private):
-    tree, _ = any_link_tree
+    tree, blob = any_link_tree
     with Sandbox(SandboxSpec(image=f"dir:{tree}")) as sibling, userland(tree, private) as image:
-        # A copy reads every page of the image's blob (the sibling then sees all cached):
-        # what counts is whether the graded program changes what the sibling reads.
+        # A copy into the tmpfs reads every page of the image's blob: the host drops them,
+        # so that the sibling reads no mark before the graded program runs.
+        drop_pages(blob)
         before = _peek(sibling)
+        assert before == "0 0 0", before
         with Sandbox(SandboxSpec(image=image)) as graded:
             r = graded.exec([PROGRAM, BLOB], stdin=str(SECRET).encode())
             assert r.exit_code == 0, r.stderr

@@ -195,9 +195,10 @@ class _Client:
     async def _to_upstream(self, head: Head, method: str, target: str, version: str) -> bool:
         up = self.upstream
         entry = self.gate.log.open(f"upstream:{up.name}", str(up.host), up.port)
-        if not target.startswith("/"):
+        if not target.startswith("/") or method.upper() == "CONNECT":  # no tunnel either
             return await self._refuse(entry, "bad_request", f"an upstream listener takes "
-                                      f"origin-form requests (GET /path), not {target[:200]!r}")
+                                      f"origin-form requests (GET /path), not "
+                                      f"{method[:20]} {target[:200]!r}")
         if method.upper() in ECHOING_METHODS:  # the upstream would echo the credentials back
             return await self._refuse(entry, "bad_request", f"{method[:20]} is refused on an "
                                       f"upstream listener: its answer echoes the request, with "

@@ -76,7 +76,11 @@ class BlobCopy:
 class Tee:
     """A read-only stream of src, read in whole chunks, whose every byte also goes to copy
     (if any): the caller reads what it needs, and drain() reads the rest (a blob is hashed
-    whole). progress(done, total) hears of each chunk read."""
+    whole). progress(done, total) hears of each chunk read.
+
+    readinto reads src straight into the caller's buffer and hands copy a view of it: the
+    caller must never write into that buffer again (extract's TarReader fills a new one
+    each time), as the copy thread may still be reading it."""
 
     def __init__(self, src: IO[bytes], copy: BlobCopy | None,
                  progress: Callable[[int, int | None], None], total: int | None):
@@ -89,7 +93,7 @@ class Tee:
             self._fill()
         return bytes(self._buf[:n])
 
-    def _got(self, chunk: bytes) -> None:
+    def _got(self, chunk: Any) -> None:
         if self._copy is not None:
             self._copy.put(chunk)
         self._done += len(chunk)
@@ -115,11 +119,17 @@ class Tee:
             return b""
         out = self._buf[:n]
         self._buf = self._buf[len(out):]
+        if len(out) == len(out.obj):  # a whole chunk read: itself, not a copy of it
+            return out.obj  # type: ignore[return-value]
         return bytes(out)
 
     def readinto(self, buffer: Any) -> int:
-        if not self._buf and not self._fill():
-            return 0
+        if not self._buf:
+            n = self._src.readinto(buffer)
+            if n:
+                with memoryview(buffer) as view:
+                    self._got(view[:n].toreadonly())
+            return n or 0
         n = min(len(buffer), len(self._buf))
         buffer[:n] = self._buf[:n]
         self._buf = self._buf[n:]

@@ -107,12 +107,12 @@ class _Layer(Whiteouts):
                  ids: Callable[[int, int], tuple[int, int]] | None,
                  hashes: dict[int, tuple[int, str]] | None, native: bool):
         self.budget, self.ids = budget, ids
-        # Plain entries in C, where it is built and owners are None's or image_ids'.
-        self.fast = fastpath.Run(budget, 0, 0, 0) if (
-            native and fastpath.AVAILABLE and ids in (None, image_ids)) else None
         self.hashes = None if hashes is None else FileHashes(hashes)
         self.unprivileged = os.geteuid() != 0
         self.root = os.open(".", DIR_FLAGS, dir_fd=root_fd)  # our own fd and offset
+        # Plain entries in C, where it is built and owners are None's or image_ids'.
+        self.fast = fastpath.Run(budget, self.root) if (
+            native and fastpath.AVAILABLE and ids in (None, image_ids)) else None
         self.chain: list[tuple[bytes, int]] = []  # open fds of the current entry's parents
         self.raw = b""  # the entry being applied, as the tar names it
         self.entries = 0
@@ -127,12 +127,14 @@ class _Layer(Whiteouts):
             os.fchmod(self.root, mode | 0o700)
 
     def close(self) -> None:
-        if self.hashes is not None:
-            self.hashes.close()
-        for _, fd in self.chain:
-            os.close(fd)
-        self.chain.clear()
-        os.close(self.root)
+        try:
+            for _, fd in self.chain:
+                os.close(fd)
+            self.chain.clear()
+            os.close(self.root)
+        finally:
+            if self.hashes is not None:
+                self.hashes.close()
 
     def refuse(self, rule: str, detail: str) -> LayerError:
         return LayerError(capped(escape(self.raw), _ENTRY_TEXT_LIMIT) if self.raw else
@@ -172,27 +174,40 @@ class _Layer(Whiteouts):
                 from None
 
     def _fast(self, tar: TarReader) -> None:
-        """The plain entries that follow, in the directory of the entry before, applied
-        by csrc/extract.c (karotte/images/fastpath.py); it leaves the rest to _entry."""
+        """The plain entries that follow, below the chain of the entry before, applied by
+        csrc/extract.c (karotte/images/fastpath.py); it leaves the rest to _entry. An
+        entry of up to fastpath.GROW bytes whose data is not all read yet is read on
+        for, and the run goes on."""
         assert self.fast is not None
-        view = tar.pending()
-        if len(view) < 1024:
+        if len(self.chain) > fastpath.CHAIN or \
+                sum(len(name) + 1 for name, _ in self.chain) > fastpath.CHAIN_PATH:
             return
-        dirs = [name for name, _ in self.chain]
-        try:
-            consumed, done, self.entries, self.read, self.total = self.fast.apply(
-                view, self.chain[-1][1] if self.chain else self.root, b"/".join(dirs),
-                self.ids is not None, self.entries, self.read, self.total)
-        finally:
-            view.release()
-        tar.consume(consumed)
-        for entry in done:
-            path = join(dirs, entry.name)
-            self._add(path)
-            if entry.sha256 is not None and self.hashes is not None:
-                self.hashes.record(entry.ino, entry.size, entry.sha256)
-        if done:
-            self.raw = path
+        need = 1024
+        while need <= fastpath.GROW and tar.more(need):
+            view = tar.pending()
+            try:  # the chain's fds are the C run's during it: it closes those it leaves
+                consumed, batch, self.chain, self.entries, self.read, self.total, need = \
+                    self.fast.apply(view, self.chain, self.ids is not None, self.entries,
+                                    self.read, self.total)
+            finally:
+                view.release()
+            tar.consume(consumed)
+            if batch is not None:
+                self._took(batch)
+            if not need:
+                return
+
+    def _took(self, batch: fastpath.Batch) -> None:
+        """What a C run applied, recorded as _entry records its own."""
+        self.added.update(batch.paths)
+        for path in batch.marks:
+            self._hold(path.rpartition(b"/")[0])
+        for d in batch.dirs:
+            self.dirs[d.path] = (d.mode & 0o7777 & ~0o6000, d.mtime * 1_000_000_000)
+            self._add(d.path)
+        if self.hashes is not None:
+            self.hashes.later(batch.hashes)
+        self.raw = batch.paths[-1]
 
     def _parts(self, raw: bytes, rule: str, what: str) -> list[bytes]:
         """raw's components, or a refusal: absolute, '..', NUL, too long, too deep."""
@@ -321,11 +336,16 @@ class _Layer(Whiteouts):
 
     def _add(self, path: bytes) -> None:
         self.added.add(path)
-        while path:
-            path = path.rpartition(b"/")[0]
-            if path in self.holds:
-                break
+        if path:
+            self._hold(path.rpartition(b"/")[0])
+
+    def _hold(self, path: bytes) -> None:
+        """path (a directory) and those above it hold something this layer made."""
+        while path not in self.holds:
             self.holds.add(path)
+            if not path:
+                break
+            path = path.rpartition(b"/")[0]
 
     # -- budget, owners, times
 
@@ -552,21 +572,51 @@ class _Layer(Whiteouts):
         return total
 
     def _finish(self) -> None:
-        """Directories' modes and mtimes, deepest first: nothing is written in them now."""
+        """Directories' modes and mtimes, deepest first: nothing is written in them now.
+        Siblings are next to each other in that order, so each is opened from the fds of
+        its parents kept from the one before (they are shallower: not given their modes
+        yet)."""
         for _, fd in self.chain:
             os.close(fd)
         self.chain.clear()
-        for path in sorted(self.dirs, key=lambda p: -p.count(b"/") - bool(p)):
-            mode, mtime = self.dirs[path]
-            fd = self._reopen(path.split(b"/") if path else [])
-            if fd is None:
-                continue  # replaced or whited out since
-            try:
-                os.fchmod(fd, mode)
-                if mtime is not None:
-                    os.utime(fd, ns=(mtime, mtime))
-            finally:
+        chain: list[tuple[bytes, int]] = []  # the parents of the directory before
+        try:
+            for path in sorted(self.dirs, key=lambda p: (-p.count(b"/") - bool(p), p)):
+                mode, mtime = self.dirs[path]
+                fd = self._reach(chain, path.split(b"/") if path else [])
+                if fd is None:
+                    continue  # replaced or whited out since
+                try:
+                    os.fchmod(fd, mode)
+                    if mtime is not None:
+                        os.utime(fd, ns=(mtime, mtime))
+                finally:
+                    os.close(fd)
+        finally:
+            for _, fd in chain:
                 os.close(fd)
+
+    def _reach(self, chain: list[tuple[bytes, int]], parts: list[bytes]) -> int | None:
+        """A fresh fd of the directory parts names (the caller closes it), opened from the
+        fds of chain (its parents so far, kept and updated for the next call), or None if
+        a component is missing, a symlink or not a directory."""
+        keep = 0
+        while keep < min(len(parts) - 1, len(chain)) and chain[keep][0] == parts[keep]:
+            keep += 1
+        for _, fd in chain[keep:]:
+            os.close(fd)
+        del chain[keep:]
+        for part in parts[len(chain):]:
+            try:
+                fd = os.open(part, DIR_FLAGS, dir_fd=chain[-1][1] if chain else self.root)
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                    return None
+                raise
+            chain.append((part, fd))
+        if not parts:
+            return os.open(".", DIR_FLAGS, dir_fd=self.root)
+        return chain.pop()[1]
 
 
 def apply_layer(stream: BinaryIO, root_fd: int, *, budget: LayerBudget = LayerBudget(),

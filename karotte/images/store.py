@@ -33,7 +33,7 @@ from .blobs import fsync_dir, remove, syncfs, write_file
 from .extract import LayerBudget, image_ids
 from .layers import Building, Layers
 from .oci import ImageError, chain_ids
-from .tree import entry_dict, manifest, manifest_text
+from .tree import entry_dict, manifest, manifest_file
 from ..imageref import ImageRef, parse, parse_name
 
 ENV_IMAGE_DIR = "KAROTTE_IMAGE_DIR"
@@ -298,11 +298,10 @@ class Store:
                 blobs = [apply(root_fd, diff_id, tree)
                          for apply, diff_id in zip(layers(), diff_ids, strict=True)]
                 say(ImportProgress("manifest"))
-                entries = manifest(root_fd, tree.hashes)
+                text, size = manifest_file(root_fd, tree.hashes)
             finally:
                 os.close(root_fd)
-            write_file(os.path.join(tmp, "manifest.jsonl"), manifest_text(entries))
-            size = sum(e.size for e in entries if e.type == "file")
+            write_file(os.path.join(tmp, "manifest.jsonl"), text)
             write_file(os.path.join(tmp, "image.json"), json.dumps(
                 {"chain_id": chain_id, "diff_ids": list(diff_ids), "layers": blobs,
                  "config_digest": config_digest, "size": size}, indent=1, sort_keys=True))

@@ -104,11 +104,17 @@ class TarReader:
         self.started = False  # a first header was read
 
     def _fill(self) -> bool:
-        data = self._stream.read(_READ)
-        if not data:
-            return False
+        """More of the stream after what is left of the chunk, read into a new buffer
+        (never written again once filled: views of it are handed out and hashed by other
+        threads, and the stream's readinto may hand it to a copy thread too)."""
         rest = self._chunk[self._at:]
-        self._chunk = memoryview(bytes(rest) + data if rest else data)
+        buf = bytearray(len(rest) + _READ)
+        buf[:len(rest)] = rest
+        with memoryview(buf) as view:
+            n = self._stream.readinto(view[len(rest):])
+        if not n:
+            return False
+        self._chunk = memoryview(buf)[:len(rest) + n].toreadonly()
         self._at = 0
         return True
 
@@ -150,6 +156,16 @@ class TarReader:
         self._skip(self._left)
         self._left = 0
         return self._chunk[self._at:]
+
+    def more(self, n: int) -> bool:
+        """Whether n bytes past the current member's data are read (read on for them, to
+        the end of the stream at most)."""
+        self._skip(self._left)
+        self._left = 0
+        while len(self._chunk) - self._at < n:
+            if not self._fill():
+                return False
+        return True
 
     def plain(self) -> bool:
         return not self._global

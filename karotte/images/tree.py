@@ -9,20 +9,40 @@ is read like any other.
 """
 from __future__ import annotations
 
+import array
+import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import os
 import queue
+import re
 import stat
+import struct
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..errors import KarotteError
 from ..results import escape
 
-__all__ = ["LayerError", "TreeEntry", "RULES", "manifest", "manifest_text", "entry_dict"]
+__all__ = ["LayerError", "TreeEntry", "RULES", "manifest", "manifest_file", "manifest_text",
+           "entry_dict"]
+
+try:
+    from .._native import ffi as _ffi, lib as _lib
+    NATIVE = hasattr(_lib, "karotte_tree_walk")
+except ImportError:  # the system Python of an unprivileged import, without cffi
+    _ffi = _lib = None
+    NATIVE = False
+_KT_FILE, _KT_SYMLINK = 0, 1  # csrc/tree.h's KT_FILE, KT_SYMLINK (KT_DIR: the rest)
+_MAX_DEPTH = 4096  # csrc/tree.c's MAX_DEPTH: a deeper tree is refused (ELOOP)
+# struct kt_entry as csrc/tree.h lays it out: ino, size, mode, uid, gid, kind, path_off,
+# path_len, target_off, target_len, hashed, sha256, then the compiler's padding.
+_PLAIN_TEXT = re.compile(rb"[\x20-\x5b\x5d-\x7e]*")  # what results.escape keeps as it is
+_ENTRY = struct.Struct("=QqIIIIIIIII32s" + (
+    f"{_ffi.sizeof('struct kt_entry') - 84}x" if NATIVE else ""))
 
 RULES = {
     "IMG-TRAVERSAL-01": "a name must stay inside the tree: no absolute name, no '..', "
@@ -77,57 +97,73 @@ class TreeEntry:
 
 
 class FileHashes:
-    """The sha256 of each file extraction writes, into hashes (inode -> (size, hex)): a
-    file of LARGE bytes or more is hashed by a thread of its own beside the writes (sha256
-    releases the GIL, and the data is immutable bytes, so the views need no copy); a
-    smaller one at once, where a thread's hand-over would cost more than the hash."""
+    """The sha256 of each file extraction writes, into hashes (inode -> (size, hex)),
+    kept in the order the files were written (an inode freed and used again takes the
+    later file's hash). The C run's files (later) and a file of LARGE bytes or more
+    (update) are hashed by a thread of its own beside the writes: sha256 releases the GIL,
+    and the data is immutable bytes, so the views need no copy; a smaller file written
+    here is hashed at once, where a thread's hand-over would cost more than the hash.
+    At most _QUEUED items wait for the thread, each a view of at most one chunk read."""
 
-    LARGE = 256 << 10
+    LARGE = 16 << 10
+    _QUEUED = 64
 
     def __init__(self, hashes: dict[int, tuple[int, str]]):
         self.hashes = hashes
-        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue(self._QUEUED)
         self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="karotte-file-hash",
+                                            daemon=True)
+            self._thread.start()
 
     def update(self, h: Any, size: int, view: memoryview) -> None:
         if size < self.LARGE:
             h.update(view)
             return
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="karotte-file-hash",
-                                            daemon=True)
-            self._thread.start()
+        self._start()
         self._queue.put((h, view))
 
     def done(self, h: Any, size: int, ino: int) -> None:
-        # Once the thread runs, every result goes through it, in order: an inode freed
-        # and used again takes the later file's hash.
         if self._thread is None:
             self.hashes[ino] = (size, h.hexdigest())
         else:
             self._queue.put((h, None, size, ino))
 
-    def record(self, ino: int, size: int, digest: str) -> None:
-        """A file hashed elsewhere (extract's fast path), in order with the rest."""
-        if self._thread is None:
-            self.hashes[ino] = (size, digest)
-        else:
-            self._queue.put((digest, None, size, ino))
+    def later(self, files: Callable[[], Iterable[tuple[int, int, str]]]) -> None:
+        """Files hashed on the thread, in order with the rest: files() gives (inode,
+        size, sha256 hex) of each."""
+        self._start()
+        self._queue.put((files,))
 
     def _run(self) -> None:
+        hashes = self.hashes
         while (item := self._queue.get()) is not None:
-            if item[1] is not None:
-                item[0].update(item[1])
-            else:
-                digest = item[0] if isinstance(item[0], str) else item[0].hexdigest()
-                self.hashes[item[3]] = (item[2], digest)
+            if self._error is not None:
+                continue  # drained, so that no put waits on a thread that stopped
+            try:
+                if len(item) == 1:
+                    for ino, size, digest in item[0]():
+                        hashes[ino] = (size, digest)
+                elif item[1] is not None:
+                    item[0].update(item[1])
+                else:
+                    hashes[item[3]] = (item[2], item[0].hexdigest())
+            except BaseException as exc:  # raised by close(), in the extracting thread
+                self._error = exc
 
     def close(self) -> None:
-        """Every hash queued, done."""
+        """Every hash queued, done; what the thread raised, raised here."""
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def image_ids(uid: int, gid: int) -> tuple[int, int]:
@@ -156,8 +192,82 @@ def manifest(root_fd: int, hashes: Hashes | None = None) -> tuple[TreeEntry, ...
     names in byte order; measured with lstat, files read through O_NOFOLLOW fds whose
     fstat must match (unless hashes, from the extraction that wrote them, has the inode
     at that size). Raises LayerError (IMG-TREE-01) for anything that is not a file,
-    directory or symlink, or a file that changed while it was read."""
-    hashes = hashes or {}
+    directory or symlink, or a path that changed while it was measured. Walked by
+    csrc/tree.c where karotte._native is built (the tests compare it with the walk here)."""
+    if NATIVE:
+        with _walk(root_fd, hashes or {}) as (t, text):
+            return _entries(t, text)
+    return _manifest_python(root_fd, hashes or {})
+
+
+def manifest_file(root_fd: int, hashes: Hashes | None = None) -> tuple[str, int]:
+    """manifest_text(manifest(root_fd, hashes)) and the bytes of the tree's files: the
+    store's build of a tree writes only these, which csrc/tree.c gives in one call where
+    every name is printable ASCII (most trees)."""
+    if NATIVE:
+        with _walk(root_fd, hashes or {}) as (t, text):
+            length, files = _ffi.new("size_t *"), _ffi.new("int64_t *")
+            out = _lib.karotte_tree_text(t, length, files)
+            if out != _ffi.NULL:
+                try:
+                    return bytes(_ffi.buffer(out, length[0])).decode("ascii"), files[0]
+                finally:
+                    _lib.karotte_tree_text_free(out)
+            entries = _entries(t, text)
+    else:
+        entries = _manifest_python(root_fd, hashes or {})
+    return manifest_text(entries), sum(e.size for e in entries if e.type == "file")
+
+
+@contextlib.contextmanager
+def _walk(root_fd: int, hashes: Hashes) -> Iterator[tuple[Any, bytes]]:
+    """csrc/tree.c's walk of the tree (its struct kt_tree, valid inside the block, and its
+    text), hashes passed to it as known; the refusals manifest raises."""
+    inos = sorted(hashes)
+    known = array.array("q")
+    for ino in inos:
+        known.extend((ino, hashes[ino][0]))
+    digests = b"".join(bytes.fromhex(hashes[ino][1]) for ino in inos)
+    t = _ffi.new("struct kt_tree *")
+    try:
+        rc = _lib.karotte_tree_walk(root_fd, _ffi.from_buffer("int64_t[]", known)
+                                    if inos else _ffi.NULL, digests, len(inos), t)
+        text = bytes(_ffi.buffer(t.text, t.len)) if t.len else b""
+        if rc < 0 and t.err == errno.ELOOP:
+            raise LayerError(".", "IMG-TREE-01", f"deeper than {_MAX_DEPTH} directories")
+        if rc < 0:
+            raise OSError(t.err, f"listing the tree for its manifest: {os.strerror(t.err)}")
+        if rc == 1:  # the path that stopped the walk follows the entries
+            bad = _ENTRY.unpack(bytes(_ffi.buffer(t.entries + t.n, _ENTRY.size)))
+            raise LayerError(escape(text[bad[6]:bad[6] + bad[7]]), "IMG-TREE-01",
+                             "changed while measured" if t.changed else
+                             f"file type {t.bad_type:#o} in the tree")
+        yield t, text
+    finally:
+        _lib.karotte_tree_free(t)
+
+
+def _entries(t: Any, text: bytes) -> tuple[TreeEntry, ...]:
+    rows = _ENTRY.iter_unpack(bytes(_ffi.buffer(t.entries, t.n * _ENTRY.size)))
+    # Names and targets that are all printable ASCII (most trees) are their own escape:
+    # sliced from the text decoded once.
+    names: Any = text.decode("ascii") if _PLAIN_TEXT.fullmatch(text) else None
+    out: list[TreeEntry] = []
+    for ino, size, mode, uid, gid, kind, po, pl, to, tl, hashed, sha in rows:
+        path = (names[po:po + pl] if names is not None else escape(text[po:po + pl])) \
+            if pl else "."
+        if kind == _KT_FILE:
+            out.append(TreeEntry(path, "file", mode, uid, gid, size, sha.hex(), None))
+        elif kind == _KT_SYMLINK:
+            out.append(TreeEntry(path, "symlink", mode, uid, gid, size, None,
+                                 names[to:to + tl] if names is not None else
+                                 escape(text[to:to + tl])))
+        else:
+            out.append(TreeEntry(path, "dir", mode, uid, gid, 0, None, None))
+    return tuple(out)
+
+
+def _manifest_python(root_fd: int, hashes: Hashes) -> tuple[TreeEntry, ...]:
     out: list[TreeEntry] = []
     root = os.open(".", DIR_FLAGS, dir_fd=root_fd)
     st = os.fstat(root)

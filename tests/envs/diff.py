@@ -20,9 +20,10 @@ PTH_MARK = "KAROTTE_AGENT_PTH"
 
 class DiffReports(Environment):
     """PROBE: {"runs": [argv, ...] for ctx.run, "pristine": [argv, ...] for ctx.run with
-    changes=False, "read": [path, ...] for ctx.read_deliverable}. grade() returns 1 and
-    details of all it saw; `wanted`, if set, is the text read_deliverable must find at the
-    first path of "read" for a reward of 1 (a Harbor-style check of a file)."""
+    changes=False, "git": [args, ...] for ctx.git on the workspace's repository, "read":
+    [path, ...] for ctx.read_deliverable}. grade() returns 1 and details of all it saw;
+    `wanted`, if set, is the text read_deliverable must find at the first path of "read"
+    for a reward of 1 (a Harbor-style check of a file)."""
 
     image = "host"
     limits = SandboxSpec(agent_user="root")
@@ -46,6 +47,7 @@ class DiffReports(Environment):
         seen["runs"] = [_ran(ctx.run(argv)) for argv in probe.get("runs", [])]
         seen["pristine"] = [_ran(ctx.run(argv, changes=False))
                             for argv in probe.get("pristine", [])]
+        seen["git"] = [_ran(ctx.git(args)) for args in probe.get("git", [])]
         seen["read"] = {}
         for path in probe.get("read", []):
             data = ctx.read_deliverable(path, limit=4096)
