@@ -8,7 +8,8 @@ All traffic is on 127.0.0.1: a file server in a process of its own, curl and Pyt
 clients, and the proxy (karotte.egress.EgressProxy) in one of two places:
 
 - thread: EgressProxy, a thread with its own event loop in this process (net.py's default);
-- process: EgressProcess, the same proxy in a child process of its own.
+- process: EgressProcess, the same proxy in a child process of its own;
+- floor (download only): a transparent relay that only splices, what any relay costs here.
 
 Each is measured with this process idle, and with a "trainer" thread busy in pure Python
 beside it (the GIL is what a trainer's own load could take from the proxy's thread).
@@ -26,7 +27,9 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import fcntl
 import http.server
+import os
 import socket
 import statistics
 import subprocess
@@ -103,12 +106,52 @@ class Busy:
 
 
 def download(proxy: str | None, port: int, megabytes: int) -> float:
-    """MB/s of curl fetching megabytes."""
+    """MB/s of curl fetching megabytes from port (the server's, or the floor relay's)."""
     url = f"http://{NAME if proxy else '127.0.0.1'}:{port}/{megabytes * 10**6}"
     t = time.perf_counter()
     subprocess.run(["curl", "-fsS", "-o", "/dev/null", *(["-x", proxy] if proxy else []),
                     url], check=True)
     return megabytes / (time.perf_counter() - t)
+
+
+class Floor:
+    """What any relay costs here: a transparent one, to the server, of two blocking
+    threads a connection doing nothing but splice(2) through a pipe (no event loop, no
+    check, no meter). The proxy cannot beat it; what it adds to it is the proxy's own. Its
+    threads are this process's, so a busy trainer's GIL slows it as it does the thread."""
+
+    def __init__(self, port: int):
+        self.port, self.listener = port, socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.port))
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(a: socket.socket, b: socket.socket):
+        r, w = os.pipe()
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)
+        try:
+            while n := os.splice(a.fileno(), w, 1 << 20):
+                while n:
+                    n -= os.splice(r, b.fileno(), n)
+            b.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        finally:
+            os.close(r)
+            os.close(w)
+
+    def close(self):
+        self.listener.close()
 
 
 def loop_cpu(proxy: EgressProxy) -> float:
@@ -126,9 +169,10 @@ def downloads(paths: dict[str, int | None], port: int, megabytes: int, rounds: i
     cpu = 0.0
     for _ in range(rounds):
         for where, pport in paths.items():
-            proxy = f"http://127.0.0.1:{pport}" if pport else None
+            proxy = f"http://127.0.0.1:{pport}" if pport and where != "floor" else None
             before = loop_cpu(thread_proxy)
-            out[where].append(download(proxy, port, megabytes))
+            out[where].append(download(proxy, pport if where == "floor" else port,
+                                       megabytes))
             if where == "thread":
                 cpu += loop_cpu(thread_proxy) - before
     return out, cpu / (rounds * megabytes / 1000)
@@ -218,7 +262,9 @@ def main() -> int:
     process_port = sock.getsockname()[1]
     process.serve(parse_policy([f"{NAME}:{port}", f"127.0.0.1:{port}"], limits=UNLIMITED),
                   proxy=sock)
-    paths = {"direct": None, "thread": thread_port, "process": process_port}
+    floor = Floor(port)
+    paths = {"direct": None, "floor": floor.listener.getsockname()[1], "thread": thread_port,
+             "process": process_port}
     rows: dict[str, dict] = {}
     goals: dict[str, float] = {}
     result: dict = {"machine": benchlib.machine_line(benchlib.machine()), "paths": rows}
@@ -233,13 +279,18 @@ def main() -> int:
                     if load == "idle":
                         result["thread proxy CPU s/GB"] = round(cpu, 3)
                 for where, pport in paths.items():
+                    if where == "floor" and "download" not in cases:
+                        continue
                     row = rows.setdefault(f"{where}, {load}", {})
                     if "download" in cases:
                         row["MB/s"] = round(statistics.median(mbs[where]))
                         if where != "direct":
                             row["of direct, median of rounds"] = round(statistics.median(
                                 t / d for t, d in zip(mbs[where], mbs["direct"])), 3)
-                    if "latency" in cases:
+                        if where in ("thread", "process"):
+                            row["of floor, median of rounds"] = round(statistics.median(
+                                t / f for t, f in zip(mbs[where], mbs["floor"])), 3)
+                    if "latency" in cases and where != "floor":
                         row["ms/request"] = round(latency(pport, port, args.requests), 3)
                     print(f"{where:8} {load:13} {row}", file=sys.stderr, flush=True)
         if "sandbox" in cases:
@@ -248,6 +299,7 @@ def main() -> int:
                 cycles["proxy - none, paired"]
     finally:
         process.close()
+        floor.close()
         files.kill()
         files.wait()
         thread_proxy.close()
