@@ -10,6 +10,8 @@ sandbox's Meter; every request or tunnel is one entry of its Log.
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import ssl
 import time
 import urllib.parse
@@ -229,8 +231,8 @@ class _Client:
             await self._send(dest.writer, build_head(f"{method} {path} {version}", headers),
                              entry, True)
             try:
-                await relay_body(self.reader, self._sender(dest.writer, entry, True),
-                                 body_kind, body_length)
+                await self._relay(self.reader, self.writer, dest.writer, entry, True,
+                                  body_kind, body_length)
             except BadMessage as exc:
                 raise _Ended("bad_request", str(exc)) from None
 
@@ -247,8 +249,8 @@ class _Client:
                     await self._send(self.writer, rhead.raw, entry, False)
                     if code >= 200 or code == 101:
                         break
-                await relay_body(dest.reader, self._sender(self.writer, entry, False),
-                                 kind, length)
+                await self._relay(dest.reader, dest.writer, self.writer, entry, False,
+                                  kind, length)
             except BadMessage as exc:
                 raise _Ended("upstream_failed", str(exc)) from None
             return rhead, kind
@@ -333,35 +335,54 @@ class _Client:
         try:
             await self._send(dest.writer, raw, entry, True)
             await self._watch({
-                asyncio.ensure_future(self._pump(self.reader, dest.writer, entry, True)),
-                asyncio.ensure_future(self._pump(dest.reader, self.writer, entry, False))})
+                asyncio.ensure_future(self._pump(self.reader, self.writer, dest.writer,
+                                                 entry, True)),
+                asyncio.ensure_future(self._pump(dest.reader, dest.writer, self.writer,
+                                                 entry, False))})
         except _Ended as exc:
             entry.end(exc.reason, exc.detail)
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    entry: Entry, up: bool) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, source: asyncio.StreamWriter,
+                    writer: asyncio.StreamWriter, entry: Entry, up: bool) -> None:
         try:
-            while data := await reader.read(BUFFER):
-                await self._send(writer, data, entry, up)
+            await self._relay(reader, source, writer, entry, up, "close", 0)
             if writer.can_write_eof():
                 writer.write_eof()
         except (OSError, ssl.SSLError) as exc:
             raise _Ended("ok" if up else "upstream_failed", str(exc)) from None
 
     # --- every byte ---------------------------------------------------------------
-    async def _send(self, writer: asyncio.StreamWriter, data: bytes, entry: Entry,
-                    up: bool) -> None:
+    async def _account(self, n: int, entry: Entry, up: bool) -> None:
+        """Meter n bytes about to go on (where every limit applies), and count them."""
         try:
-            await self.gate.meter.take(len(data))
+            await self.gate.meter.take(n)
         except LimitReached as exc:
             raise _Ended(exc.reason, str(exc)) from None
         if up:  # counted before it goes, so a record read once the client has it shows it
-            entry.sent += len(data)
+            entry.sent += n
         else:
-            entry.received += len(data)
-        writer.write(data)
+            entry.received += n
         self.stamp = time.monotonic()
+
+    async def _send(self, writer: asyncio.StreamWriter, data: bytes, entry: Entry,
+                    up: bool) -> None:
+        await self._account(len(data), entry, up)
+        writer.write(data)
         await writer.drain()
+
+    async def _relay(self, reader: asyncio.StreamReader, source: asyncio.StreamWriter,
+                     writer: asyncio.StreamWriter, entry: Entry, up: bool, kind: str,
+                     length: int) -> None:
+        """A body as framing() said ("close": a tunnel's stream too) from the source
+        connection (its reader and writer) to writer. A long one between two plain TCP
+        sockets moves by splice(2) through a pipe, never through Python's memory; the
+        rest (short and chunked bodies, TLS to an upstream) through the streams."""
+        if (kind == "close" or (kind == "length" and length >= SPLICE_AT_LEAST)) \
+                and _plain_socket(source) and _plain_socket(writer):
+            await _Splice(self, reader, source, writer, entry, up).run(
+                None if kind == "close" else length)
+        else:
+            await relay_body(reader, self._sender(writer, entry, up), kind, length)
 
     def _sender(self, writer: asyncio.StreamWriter, entry: Entry, up: bool):
         return lambda data: self._send(writer, data, entry, up)
@@ -387,3 +408,113 @@ class _Client:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# --- the zero-copy relay ----------------------------------------------------------
+SPLICE_AT_LEAST = 256 * 1024  # a shorter body is not worth a pipe and four fds
+PIPE_SIZE = 1024 * 1024  # fs.pipe-max-size's default: up to 1 MiB per splice, per wakeup
+_MOVE = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+
+
+def _plain_socket(writer: asyncio.StreamWriter) -> bool:
+    return (writer.get_extra_info("ssl_object") is None
+            and writer.get_extra_info("socket") is not None)
+
+
+class _Splice:
+    """One direction of a connection, moved socket -> pipe -> socket by the kernel.
+
+    It takes the source's socket from its transport (reading paused) once the stream
+    holds nothing more, and the destination's once its transport's buffer is empty, so
+    the order of bytes is kept; both go back to their transports at the end. Every
+    splice into the pipe is metered (_Client._account) before it goes on, so the limits
+    and the record are those of the streamed path: at most one pipe's worth (what a
+    stream read takes, BUFFER) is held back by a refused take, and none of it is sent.
+    """
+
+    def __init__(self, client: _Client, reader: asyncio.StreamReader,
+                 source: asyncio.StreamWriter, writer: asyncio.StreamWriter, entry: Entry,
+                 up: bool):
+        self.client, self.reader, self.writer, self.entry, self.up = (
+            client, reader, writer, entry, up)
+        self.source, self.dest = source.transport, writer.transport
+        self.loop = asyncio.get_running_loop()
+
+    async def run(self, length: int | None) -> None:
+        """Move length bytes (None: to the source's end)."""
+        left = await self._drain_stream(length)
+        if left == 0:
+            return
+        if self.reader.at_eof():  # the stream saw the end already, and holds nothing
+            if length is not None:
+                raise BadMessage("the connection ended inside a body")
+            return
+        self.source.pause_reading()  # no await since the stream was seen empty
+        limits = self.dest.get_write_buffer_limits()
+        try:
+            await self._drain_dest()
+            await self._move(left)
+        finally:
+            self.dest.set_write_buffer_limits(limits[1], limits[0])
+            if not self.source.is_closing():
+                self.source.resume_reading()
+
+    async def _drain_stream(self, length: int | None) -> int | None:
+        """What the stream read ahead goes first, as it came; what is left to move."""
+        # asyncio has no public count of what a StreamReader holds: its buffer's length
+        while (held := len(self.reader._buffer)) and length != 0:
+            data = await self.reader.read(held if length is None else min(held, length))
+            await self.client._send(self.writer, data, self.entry, self.up)
+            if length is not None:
+                length -= len(data)
+        return length
+
+    async def _drain_dest(self) -> None:
+        if self.dest.get_write_buffer_size():
+            self.dest.set_write_buffer_limits(0)  # drain() now waits for an empty buffer
+            await self.writer.drain()
+
+    async def _move(self, length: int | None) -> None:
+        src = self.source.get_extra_info("socket").fileno()
+        dst = self.dest.get_extra_info("socket").fileno()
+        pipe_r, pipe_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # the loop's reader and writer callbacks need fds no transport holds: dups
+        src_wait, dst_wait = os.dup(src), os.dup(dst)
+        try:
+            try:
+                fcntl.fcntl(pipe_w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+            except OSError:  # past the host's fs.pipe-max-size or pipe-user-pages-soft
+                pass
+            size = fcntl.fcntl(pipe_w, fcntl.F_GETPIPE_SZ)
+            while length != 0:
+                try:
+                    n = os.splice(src, pipe_w, size if length is None else min(size, length),
+                                  flags=_MOVE)
+                except BlockingIOError:
+                    await self._ready(self.loop.add_reader, self.loop.remove_reader,
+                                      src_wait)
+                    continue
+                if n == 0:
+                    if length is not None:
+                        raise BadMessage("the connection ended inside a body")
+                    return
+                await self.client._account(n, self.entry, self.up)
+                if length is not None:
+                    length -= n
+                while n:
+                    try:
+                        n -= os.splice(pipe_r, dst, n, flags=_MOVE)
+                    except BlockingIOError:
+                        await self._ready(self.loop.add_writer, self.loop.remove_writer,
+                                          dst_wait)
+        finally:
+            for fd in (pipe_r, pipe_w, src_wait, dst_wait):
+                os.close(fd)
+
+    async def _ready(self, add, remove, fd: int) -> None:
+        ready = self.loop.create_future()
+        add(fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            await ready
+        finally:
+            remove(fd)

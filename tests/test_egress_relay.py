@@ -1,0 +1,207 @@
+"""The proxy's relay once a request or tunnel is checked: long bodies and tunnels move by
+splice(2) between the sockets (karotte/egress/proxy.py, _Splice), and must arrive exactly
+as sent, in order, metered; and a sandbox's listeners are served without a round trip to
+the proxy's loop (karotte/egress/server.py), each by its own session only."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import threading
+
+from egress_servers import Gateway, file_server
+from karotte.egress import EgressLimits
+from test_egress_attacks import connect, curl, read_all, read_response
+from test_egress_policy import client_hello
+
+NAMES = {"files.test": ["127.0.0.1"]}
+SIZE = 3_000_000  # well past SPLICE_AT_LEAST, several pipes' worth
+
+
+@contextlib.contextmanager
+def echo_server():
+    """A TCP server on 127.0.0.1 that sends back every byte it gets, then closes."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def echo(conn):
+        with conn:
+            while data := conn.recv(1 << 16):
+                conn.sendall(data)
+
+    def accept():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=echo, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+
+
+@contextlib.contextmanager
+def one_write_server(body):
+    """An HTTP server on 127.0.0.1 that answers each request with body, its head and body
+    in one write: the proxy's stream has read part of the body with the head."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+    def serve(conn):
+        with conn:
+            request = b""
+            while True:
+                while b"\r\n\r\n" not in request:
+                    if not (chunk := conn.recv(65536)):
+                        return
+                    request += chunk
+                request = request.partition(b"\r\n\r\n")[2]
+                conn.sendall(answer)
+
+    def accept():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+
+
+def data(tmp_path):
+    body = os.urandom(SIZE)
+    (tmp_path / "random.bin").write_bytes(body)
+    return body
+
+
+def test_a_long_body_arrives_whole_and_is_counted(tmp_path):
+    body = data(tmp_path)
+    with file_server(tmp_path, {}) as files, Gateway(NAMES) as gw:
+        session, proxy, _ = gw.serve([f"files.test:{files.port}", f"127.0.0.1:{files.port}"])
+        out = tmp_path / "got.bin"
+        done = curl(proxy, "-f", "-o", str(out), f"http://files.test:{files.port}/random.bin")
+        assert done.returncode == 0, done.stderr
+        assert out.read_bytes() == body
+        (reach,) = session.record().reaches
+        assert (reach.allowed, reach.reason) == (True, "ok")
+        assert SIZE < reach.bytes_received < SIZE + 1000  # the body and its head
+
+
+def test_a_body_begun_with_its_head_goes_on_in_order():
+    body = os.urandom(SIZE)
+    with one_write_server(body) as port, Gateway(NAMES) as gw:
+        session, proxy, _ = gw.serve([f"files.test:{port}", f"127.0.0.1:{port}"])
+        host = f"files.test:{port}"
+        with connect(proxy) as sock:
+            for _ in range(2):  # the second on the same connections, after a spliced one
+                sock.sendall(f"GET http://{host}/ HTTP/1.1\r\nHost: {host}\r\n\r\n"
+                             .encode())
+                assert read_response(sock)[1] == body
+        assert [r.reason for r in session.record().reaches] == ["ok"] * 2
+
+
+def test_long_bodies_on_a_kept_alive_connection_keep_their_framing(tmp_path):
+    body = data(tmp_path)
+    with file_server(tmp_path, {"hello.txt": "hello\n"}) as files, Gateway(NAMES) as gw:
+        session, proxy, _ = gw.serve([f"files.test:{files.port}", f"127.0.0.1:{files.port}"])
+        host = f"files.test:{files.port}"
+        with connect(proxy) as sock:
+            for path in ("/random.bin", "/random.bin", "/hello.txt"):
+                sock.sendall(f"GET http://{host}{path} HTTP/1.1\r\nHost: {host}\r\n\r\n"
+                             .encode())
+                head, got = read_response(sock)
+                assert head.startswith(b"HTTP/1.1 200")
+                assert got == (b"hello\n" if path == "/hello.txt" else body)
+        assert [r.reason for r in session.record().reaches] == ["ok"] * 3
+
+
+def test_a_long_upload_sent_with_its_head_arrives_whole(tmp_path):
+    body = os.urandom(SIZE)
+    with file_server(tmp_path, {}) as files, Gateway(NAMES) as gw:
+        session, proxy, _ = gw.serve([f"files.test:{files.port}", f"127.0.0.1:{files.port}"])
+        host = f"files.test:{files.port}"
+        with connect(proxy) as sock:  # head and body in one write, then a second request
+            for _ in range(2):
+                sock.sendall(f"POST http://{host}/sha HTTP/1.1\r\nHost: {host}\r\n"
+                             f"Content-Length: {SIZE}\r\n\r\n".encode() + body)
+                assert read_response(sock)[1] == hashlib.sha256(body).hexdigest().encode()
+        reaches = session.record().reaches
+        assert len(reaches) == 2 and all(SIZE < r.bytes_sent < SIZE + 1000 for r in reaches)
+
+
+def tunnel_through(proxy, port, payload):
+    """CONNECT, a real ClientHello for the name, then payload; what comes back."""
+    with connect(proxy) as sock:
+        sock.sendall(f"CONNECT files.test:{port} HTTP/1.1\r\nHost: files.test:{port}\r\n\r\n"
+                     .encode())
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            reply += sock.recv(4096)
+        head, _, rest = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        sent = client_hello("files.test") + payload
+        writer = threading.Thread(target=lambda: (sock.sendall(sent),
+                                                  sock.shutdown(socket.SHUT_WR)))
+        writer.start()
+        got = rest + read_all(sock)
+        writer.join()
+        return sent, got
+
+
+def test_a_tunnel_carries_both_ways_in_order():
+    payload = os.urandom(SIZE)
+    with echo_server() as port, Gateway(NAMES) as gw:
+        session, proxy, _ = gw.serve([f"files.test:{port}", f"127.0.0.1:{port}"])
+        sent, got = tunnel_through(proxy, port, payload)
+        assert got == sent
+        (reach,) = session.record().reaches
+        assert reach.allowed and reach.bytes_sent == reach.bytes_received == len(sent)
+
+
+def test_EGRESS_FLOOD_01_a_tunnel_past_the_total_is_cut_and_counted_to_the_limit():
+    with echo_server() as port, Gateway(NAMES) as gw:
+        session, proxy, _ = gw.serve([f"files.test:{port}", f"127.0.0.1:{port}"],
+                                     limits=EgressLimits(max_bytes=1_000_000,
+                                                         bytes_per_second=None))
+        sent, got = tunnel_through(proxy, port, os.urandom(SIZE))
+        assert len(got) < 1_000_000 and sent.startswith(got)
+        (reach,) = session.record().reaches
+        assert (reach.allowed, reach.reason) == (True, "bytes_total")
+        assert reach.bytes_sent + reach.bytes_received <= 1_000_000
+
+
+def test_a_listener_closed_and_its_number_reused_serves_only_the_new_session(tmp_path):
+    with file_server(tmp_path, {"hello.txt": "hello\n"}) as files, Gateway(NAMES) as gw:
+        allow = [f"files.test:{files.port}", f"127.0.0.1:{files.port}"]
+        old, old_proxy, _ = gw.serve(allow)
+        old_fd = int(old._servers[0].fileno())
+        old.close()
+        new, new_proxy, _ = gw.serve(allow)
+        assert new._servers[0].fileno() == old_fd  # the number the old listener had
+        assert curl(new_proxy, "-f", f"http://files.test:{files.port}/hello.txt"
+                    ).stdout == "hello\n"
+        assert old.record().reaches == () and len(new.record().reaches) == 1
+        assert curl(old_proxy, f"http://files.test:{files.port}/hello.txt").returncode != 0
+
+
+def test_a_forked_child_closing_its_copy_of_a_session_leaves_the_parent_served(tmp_path):
+    with file_server(tmp_path, {"hello.txt": "hello\n"}) as files, Gateway(NAMES) as gw:
+        session, proxy, _ = gw.serve([f"files.test:{files.port}", f"127.0.0.1:{files.port}"])
+        pid = os.fork()
+        if pid == 0:
+            try:
+                session.close()
+            finally:
+                os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert curl(proxy, "-f", f"http://files.test:{files.port}/hello.txt"
+                    ).stdout == "hello\n"
