@@ -375,23 +375,29 @@ static uint8_t *put_int(uint8_t *at, int64_t v) {
     return at + n;
 }
 
-uint8_t *karotte_tree_text(const struct kt_tree *t, size_t *len, int64_t *files) {
+uint8_t *karotte_tree_text(const struct kt_tree *t, size_t *len, int64_t *files,
+                           uint32_t *odd, size_t *n_odd) {
     static const char hex[] = "0123456789abcdef";
     size_t need = 0;
     for (size_t i = 0; i < t->n; i++) {
         const struct kt_entry *e = &t->entries[i];
-        if (!plain(t->text + e->path_off, e->path_len) ||
-            !plain(t->text + e->target_off, e->target_len))
-            return NULL;
         /* the fixed text, five numbers, the sha256, a path and a target, each doubled */
         need += 160 + 5 * 21 + 64 + 2 * (e->path_len + e->target_len) + 1;
     }
     uint8_t *out = malloc(need ? need : 1), *at = out;
     if (!out)
         return NULL;
-    *files = 0;
+    *files = 0, *n_odd = 0;
     for (size_t i = 0; i < t->n; i++) {
         const struct kt_entry *e = &t->entries[i];
+        if (e->kind == KT_FILE)
+            *files += e->size;
+        if (!plain(t->text + e->path_off, e->path_len) ||
+            !plain(t->text + e->target_off, e->target_len)) {
+            *at++ = 0; /* Python writes this line: its names need escaping */
+            odd[(*n_odd)++] = (uint32_t)i;
+            continue;
+        }
         at = put_str(at, "{\"gid\": ");
         at = put_int(at, e->gid);
         at = put_str(at, ", \"mode\": ");
@@ -405,7 +411,6 @@ uint8_t *karotte_tree_text(const struct kt_tree *t, size_t *len, int64_t *files)
             for (int b = 0; b < 32; b++)
                 *at++ = hex[e->sha256[b] >> 4], *at++ = hex[e->sha256[b] & 15];
             *at++ = '"';
-            *files += e->size;
         } else {
             at = put_str(at, "null");
         }

@@ -48,9 +48,11 @@ int karotte_tree_walk(int root_fd, const int64_t *known, const uint8_t *known_sh
 
 /* manifest.jsonl for the entries of a finished walk, exactly as tree.py's manifest_text
  * writes it, and the bytes of its files into *files; in a buffer of *len bytes that
- * karotte_tree_text_free frees. NULL where a path or a target is not all printable ASCII
- * other than the backslash (Python escapes those), or memory ran out. */
-uint8_t *karotte_tree_text(const struct kt_tree *t, size_t *len, int64_t *files);
+ * karotte_tree_text_free frees (NULL: memory ran out). An entry whose path or target is
+ * not all printable ASCII other than the backslash is a NUL byte in place of its line,
+ * and its index in odd (t->n of room), *n_odd of them: Python escapes those. */
+uint8_t *karotte_tree_text(const struct kt_tree *t, size_t *len, int64_t *files,
+                           uint32_t *odd, size_t *n_odd);
 
 void karotte_tree_text_free(uint8_t *text);
 

@@ -48,7 +48,8 @@ ffibuilder.cdef(
     };
     int karotte_tree_walk(int root_fd, const int64_t *known, const uint8_t *known_sha,
                           size_t n_known, struct kt_tree *t);
-    uint8_t *karotte_tree_text(const struct kt_tree *t, size_t *len, int64_t *files);
+    uint8_t *karotte_tree_text(const struct kt_tree *t, size_t *len, int64_t *files,
+                               uint32_t *odd, size_t *n_odd);
     void karotte_tree_text_free(uint8_t *text);
     void karotte_tree_free(struct kt_tree *t);
     """

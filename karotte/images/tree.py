@@ -215,21 +215,28 @@ def manifest(root_fd: int, hashes: Hashes | None = None) -> tuple[TreeEntry, ...
 
 def manifest_file(root_fd: int, hashes: Hashes | None = None) -> tuple[str, int]:
     """manifest_text(manifest(root_fd, hashes)) and the bytes of the tree's files: the
-    store's build of a tree writes only these, which csrc/tree.c gives in one call where
-    every name is printable ASCII (most trees)."""
-    if NATIVE:
-        with _walk(root_fd, hashes or {}) as (t, text):
-            length, files = _ffi.new("size_t *"), _ffi.new("int64_t *")
-            out = _lib.karotte_tree_text(t, length, files)
-            if out != _ffi.NULL:
-                try:
-                    return bytes(_ffi.buffer(out, length[0])).decode("ascii"), files[0]
-                finally:
-                    _lib.karotte_tree_text_free(out)
-            entries = _entries(t, text)
-    else:
+    store's build of a tree writes only these, which csrc/tree.c writes in one call, but
+    for the lines whose names need escaping (written here)."""
+    if not NATIVE:
         entries = _manifest_python(root_fd, hashes or {})
-    return manifest_text(entries), sum(e.size for e in entries if e.type == "file")
+        return manifest_text(entries), sum(e.size for e in entries if e.type == "file")
+    with _walk(root_fd, hashes or {}) as (t, text):
+        length, files = _ffi.new("size_t *"), _ffi.new("int64_t *")
+        odd, n_odd = _ffi.new("uint32_t[]", max(t.n, 1)), _ffi.new("size_t *")
+        out = _lib.karotte_tree_text(t, length, files, odd, n_odd)
+        if out == _ffi.NULL:
+            raise MemoryError("the manifest's text")
+        try:
+            lines = bytes(_ffi.buffer(out, length[0])).decode("ascii")
+        finally:
+            _lib.karotte_tree_text_free(out)
+        if n_odd[0]:
+            raw = _ffi.buffer(t.entries, t.n * _ENTRY.size)
+            escaped = [manifest_text((_entry(_ENTRY.unpack_from(raw, i * _ENTRY.size), text,
+                                              None),)) for i in odd[0:n_odd[0]]]
+            parts = lines.split("\0")
+            lines = "".join(p + e for p, e in zip(parts, escaped)) + parts[-1]
+        return lines, files[0]
 
 
 @contextlib.contextmanager
@@ -265,19 +272,20 @@ def _entries(t: Any, text: bytes) -> tuple[TreeEntry, ...]:
     # Names and targets that are all printable ASCII (most trees) are their own escape:
     # sliced from the text decoded once.
     names: Any = text.decode("ascii") if _PLAIN_TEXT.fullmatch(text) else None
-    out: list[TreeEntry] = []
-    for ino, size, mode, uid, gid, kind, po, pl, to, tl, hashed, sha in rows:
-        path = (names[po:po + pl] if names is not None else escape(text[po:po + pl])) \
-            if pl else "."
-        if kind == _KT_FILE:
-            out.append(TreeEntry(path, "file", mode, uid, gid, size, sha.hex(), None))
-        elif kind == _KT_SYMLINK:
-            out.append(TreeEntry(path, "symlink", mode, uid, gid, size, None,
-                                 names[to:to + tl] if names is not None else
-                                 escape(text[to:to + tl])))
-        else:
-            out.append(TreeEntry(path, "dir", mode, uid, gid, 0, None, None))
-    return tuple(out)
+    return tuple(_entry(row, text, names) for row in rows)
+
+
+def _entry(row: tuple, text: bytes, names: str | None) -> TreeEntry:
+    """A struct kt_entry as the TreeEntry it is; names: text decoded, if all plain."""
+    ino, size, mode, uid, gid, kind, po, pl, to, tl, hashed, sha = row
+    path = (names[po:po + pl] if names is not None else escape(text[po:po + pl])) \
+        if pl else "."
+    if kind == _KT_FILE:
+        return TreeEntry(path, "file", mode, uid, gid, size, sha.hex(), None)
+    if kind == _KT_SYMLINK:
+        return TreeEntry(path, "symlink", mode, uid, gid, size, None,
+                         names[to:to + tl] if names is not None else escape(text[to:to + tl]))
+    return TreeEntry(path, "dir", mode, uid, gid, 0, None, None)
 
 
 def _manifest_python(root_fd: int, hashes: Hashes) -> tuple[TreeEntry, ...]:
