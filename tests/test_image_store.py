@@ -57,9 +57,11 @@ def test_the_layout_blobs_verified_and_a_read_only_tree_keyed_by_chain_id(images
     assert image.chain_id == chain_ids(image.diff_ids)[-1]
     key = f"{image.chain_id[7:]}@{store.ids_key}"
     assert image.tree == str(tmp_path / "s/trees" / key / "rootfs")
-    for digest in (image.config_digest, *image.layers):
-        blob = tmp_path / "s/blobs/sha256" / digest[7:]
-        assert blob.stat().st_mode & 0o777 == 0o444
+    blob = tmp_path / "s/blobs/sha256" / image.config_digest[7:]
+    assert blob.stat().st_mode & 0o777 == 0o444
+    # The layers were verified as they were read, and are not kept: the source has them.
+    assert not any((tmp_path / "s/blobs/sha256" / d[7:]).exists() for d in image.layers)
+    assert os.listdir(tmp_path / "s/tmp") == []
     lines = (tmp_path / "s/trees" / key / "manifest.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == tree_manifest(image.tree)
     assert lines == [json.dumps(e, sort_keys=True) for e in tree_manifest(image.tree)]

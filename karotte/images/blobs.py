@@ -24,13 +24,15 @@ _QUEUED = 32  # chunks in flight to the copy thread at most (each keeps its read
 
 
 class BlobCopy:
-    """A blob being written to path (new) by a thread that hashes and writes each chunk
-    put to it, in order: sha256 and write(2) release the GIL, so the copy runs beside the
-    extraction that reads the same chunks. finish() is the blob's digest, its data synced."""
+    """A blob being written to path (new; None: only hashed) by a thread that hashes and
+    writes each chunk put to it, in order: sha256 and write(2) release the GIL, so the
+    copy runs beside the extraction that reads the same chunks. finish() is the blob's
+    digest, its data synced."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str | None):
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        self._fd = -1 if path is None else os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         self._sha = hashlib.sha256()
         self._queue: queue.Queue[bytes | None] = queue.Queue(_QUEUED)
         self._error: BaseException | None = None
@@ -47,7 +49,7 @@ class BlobCopy:
                 continue
             try:
                 self._sha.update(chunk)
-                view = memoryview(chunk)
+                view = memoryview(chunk) if self._fd >= 0 else b""
                 while view:
                     view = view[os.write(self._fd, view):]
             except BaseException as exc:  # raised by finish(), in the importing thread
@@ -58,7 +60,8 @@ class BlobCopy:
         self._stop()
         if self._error is not None:
             raise self._error
-        os.fsync(self._fd)
+        if self._fd >= 0:
+            os.fsync(self._fd)
         return "sha256:" + self._sha.hexdigest()
 
     def _stop(self) -> None:

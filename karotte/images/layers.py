@@ -1,14 +1,17 @@
-"""Layers into the store and onto a tree: each layer blob is copied into blobs/ while the
-same reads are extracted (a thread copies and hashes, the caller's thread extracts), and
-the uncompressed stream is checked against the config's diff_id.
+"""Layers into the store and onto a tree: each layer blob is hashed while the same reads
+are extracted (a thread hashes, the caller's thread extracts), and the uncompressed stream
+is checked against the config's diff_id. A layer of an image source is not kept in blobs/:
+the source has it, and the tree is what sandboxes use (keeping it doubled the store's
+size and an import's writes); a zstd layer is (the `zstd` command reads a real file), and
+so are the layers Karotte makes itself (`dir:`, `debian:`; put_file).
 
 Each byte of a layer is read from the source once. An uncompressed layer's blob digest is
-its diff_id: it is hashed once, by the copy. A compressed one is hashed twice (the blob,
+its diff_id: it is hashed once, by that thread. A compressed one is hashed twice (the blob,
 then the stream as it is fed to extract.apply_layer), as the two digests name different
 bytes. Extraction does not wait for the blob's digest: the tree is built in the store's
 tmp/ and kept only if every digest matches, and a forged blob that makes extraction
-refuse an entry is still reported by its digest (DigestMismatch). zstd layers are copied
-first, since the `zstd` command reads a real file.
+refuse an entry is still reported by its digest (DigestMismatch). A zstd layer is copied
+whole first, then extracted from the copy.
 """
 from __future__ import annotations
 
@@ -54,41 +57,52 @@ class Layers:
 
     def from_source(self, source: oci.Source, layer: oci.Layer, say: LayerProgress,
                     root_fd: int, diff_id: str, tree: Building) -> str:
-        """One layer of source onto the tree at root_fd, its blob copied into blobs/ from
-        the same reads; the blob's digest. A blob already in the store is read there."""
+        """One layer of source onto the tree at root_fd, its blob hashed from the same
+        reads (kept in blobs/ only for zstd); the blob's digest. A blob already in the
+        store is read there."""
         what = f"{source.label}: layer {layer.where}"
         compression = layer.compression or "sniff"
         if layer.digest is not None and os.path.exists(self.path(layer.digest)):
             return self.from_blob(layer.digest, compression, say, root_fd, diff_id, tree)
         tmp = self._tmp()
-        copy = BlobCopy(tmp)
-        try:
-            with source.open(layer.where) as f:
-                tee = Tee(f, copy, say, _size(f))
-                if compression == "sniff":
-                    compression = oci.sniff(tee.peek(4))
-                if compression == "zstd":  # zstd reads a real file: the copy, once whole
-                    tee.drain()
-                    digest = self._adopt(copy, tmp, layer.digest, what)
-                    return self.from_blob(digest, compression, say, root_fd, diff_id, tree)
-                try:
-                    stream_digest = self._extract(tee, compression, root_fd, tree)
-                    tee.drain()  # past the end of a gzip stream too: the blob is hashed whole
-                except BaseException:
-                    # A forged blob is named as one, not by what it made extraction refuse.
-                    actual = None
-                    with contextlib.suppress(Exception):
-                        tee.drain()
-                        actual = copy.finish()
-                    if layer.digest is not None and actual not in (None, layer.digest):
-                        raise DigestMismatch(f"{what}: blob {layer.digest}", layer.digest,
-                                             str(actual)) from None
-                    raise
+        with source.open(layer.where) as f:
+            if compression == "sniff":
+                compression = oci.sniff(f.read(4))
+                f.seek(0)
+            # Only zstd's is kept (it reads a real file); any other is hashed, not copied.
+            copy = BlobCopy(tmp if compression == "zstd" else None)
+            try:
+                return self._through(f, copy, tmp, compression, layer, what, say, root_fd,
+                                     diff_id, tree)
+            finally:
+                copy.close()
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+
+    def _through(self, f: IO[bytes], copy: BlobCopy, tmp: str, compression: str,
+                 layer: oci.Layer, what: str, say: LayerProgress, root_fd: int, diff_id: str,
+                 tree: Building) -> str:
+        """from_source's layer as its source file f is read once: hashed (and for zstd
+        copied) by copy's thread while it is extracted; its blob's digest."""
+        tee = Tee(f, copy, say, _size(f))
+        if compression == "zstd":  # zstd reads a real file: the copy, once whole
+            tee.drain()
             digest = self._adopt(copy, tmp, layer.digest, what)
-        finally:
-            copy.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            return self.from_blob(digest, compression, say, root_fd, diff_id, tree)
+        try:
+            stream_digest = self._extract(tee, compression, root_fd, tree)
+            tee.drain()  # past the end of a gzip stream too: the blob is hashed whole
+        except BaseException:
+            # A forged blob is named as one, not by what it made extraction refuse.
+            actual = None
+            with contextlib.suppress(Exception):
+                tee.drain()
+                actual = copy.finish()
+            if layer.digest is not None and actual not in (None, layer.digest):
+                raise DigestMismatch(f"{what}: blob {layer.digest}", layer.digest,
+                                     str(actual)) from None
+            raise
+        digest = self._adopt(copy, tmp, layer.digest, what)
         _check_diff_id(digest, stream_digest or digest, diff_id)
         return digest
 
@@ -119,12 +133,14 @@ class Layers:
         return None if hashing is None else hashing.digest()
 
     def _adopt(self, copy: BlobCopy, tmp: str, expected: str | None, what: str) -> str:
-        """The finished copy renamed into blobs/ under its digest, unless not expected."""
+        """The finished copy's digest, unless not expected; a copy written to tmp is
+        renamed into blobs/ under it."""
         actual = copy.finish()
         if expected is not None and actual != expected:
             raise DigestMismatch(f"{what}: blob {expected}", expected, actual)
-        os.chmod(tmp, 0o444)
-        os.rename(tmp, self.path(actual))
+        if copy.path is not None:
+            os.chmod(tmp, 0o444)
+            os.rename(tmp, self.path(actual))
         return actual
 
     def put_bytes(self, data: bytes, expected: str | None, what: str) -> str:

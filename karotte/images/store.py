@@ -1,7 +1,8 @@
 """The content-addressed image store: verified blobs, read-only unpacked trees keyed by
 chain id, names, uses that keep gc away, and gc.
 
-    ROOT/blobs/sha256/<hex>        every blob, verified by sha256 as it was copied in
+    ROOT/blobs/sha256/<hex>        manifests, configs, layers Karotte made (dir:, debian:)
+                                   or zstd reads; verified by sha256 as copied in
     ROOT/trees/<chain-hex>@<ids>/  rootfs/ (the tree), manifest.jsonl, image.json
     ROOT/locks/<chain-hex>@<ids>   the tree's lock: shared while used, exclusive for gc
     ROOT/refs/<name>               a name given at import -> the image record (JSON)
