@@ -1,5 +1,5 @@
-"""The store's files: blobs copied in and hashed as they come (by a thread of their own,
-so that a layer is extracted while it is copied), and the small file steps of the store
+"""The store's files: blobs read, hashed and (where kept) copied in by a thread of their
+own, ahead of the extraction of what it read, and the small file steps of the store
 (records written whole and synced, a tree removed whatever its modes, syncfs).
 
 A blob is written to the store's tmp/ and renamed into blobs/sha256/<hex> only once its
@@ -20,119 +20,153 @@ from typing import IO, Any, Callable
 
 from .tree import CHUNK
 
-_QUEUED = 32  # chunks in flight to the copy thread at most (each keeps its read buffer: 1-5 MiB)
+_AHEAD = 8  # chunks read ahead of the importing thread at most (each 1 MiB and HEAD)
+HEAD = 64 << 10  # room before each chunk read, for what the reader had left of the one before
 
 
 class BlobCopy:
-    """A blob being written to path (new; None: only hashed) by a thread that hashes and
-    writes each chunk put to it, in order: sha256 and write(2) release the GIL, so the
-    copy runs beside the extraction that reads the same chunks. finish() is the blob's
-    digest, its data synced."""
+    """A blob read from its source by a thread of its own, chunk by chunk, each hashed and
+    (unless path is None) written to path (new), then handed to the importing thread
+    (get): the read, sha256 and write(2) release the GIL and run beside the extraction of
+    the chunks read before. Each chunk is a new buffer with HEAD bytes of room before it,
+    never written again by this thread once handed on. finish() is the blob's digest, its
+    data synced, once every chunk was taken."""
 
     def __init__(self, path: str | None):
         self.path = path
         self._fd = -1 if path is None else os.open(
             path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         self._sha = hashlib.sha256()
-        self._queue: queue.Queue[bytes | None] = queue.Queue(_QUEUED)
+        self._out: queue.Queue[tuple[bytearray, int] | None] = queue.Queue(_AHEAD)
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="karotte-blob-copy", daemon=True)
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def start(self, src: IO[bytes]) -> None:
+        """Read src from where it is to its end (the thread's from now on)."""
+        self._thread = threading.Thread(target=self._run, args=(src,),
+                                        name="karotte-blob-read", daemon=True)
         self._thread.start()
 
-    def put(self, chunk: bytes) -> None:
-        if self._error is None:
-            self._queue.put(chunk)
+    def _run(self, src: IO[bytes]) -> None:
+        try:
+            while not self._stopping:
+                buf = bytearray(HEAD + CHUNK)
+                with memoryview(buf) as view:
+                    n = src.readinto(view[HEAD:])
+                    if not n:
+                        break
+                    data = view[HEAD:HEAD + n]
+                    self._sha.update(data)
+                    while self._fd >= 0 and data:
+                        data = data[os.write(self._fd, data):]
+                self._out.put((buf, n))
+        except BaseException as exc:  # raised by get() or finish(), in the importing thread
+            self._error = exc
+        finally:
+            self._out.put(None)
 
-    def _run(self) -> None:
-        while (chunk := self._queue.get()) is not None:
+    def get(self) -> tuple[bytearray, int] | None:
+        """The next chunk read (its buffer, and its bytes after HEAD); None at the end."""
+        item = self._out.get()
+        if item is None:
+            self._out.put(None)  # the end stays the end
             if self._error is not None:
-                continue
-            try:
-                self._sha.update(chunk)
-                view = memoryview(chunk) if self._fd >= 0 else b""
-                while view:
-                    view = view[os.write(self._fd, view):]
-            except BaseException as exc:  # raised by finish(), in the importing thread
-                self._error = exc
+                raise self._error
+        return item
 
     def finish(self) -> str:
-        """The digest of what was put ("sha256:<hex>"), every byte of it on disk."""
-        self._stop()
+        """The digest of the whole blob ("sha256:<hex>"), every byte of it on disk."""
+        self._join()
         if self._error is not None:
             raise self._error
         if self._fd >= 0:
             os.fsync(self._fd)
         return "sha256:" + self._sha.hexdigest()
 
-    def _stop(self) -> None:
-        if self._thread.is_alive():
-            self._queue.put(None)
+    def _join(self) -> None:
+        if self._thread is not None:
+            while self._thread.is_alive():  # taken, so that a waiting put goes on
+                with contextlib.suppress(queue.Empty):
+                    self._out.get(timeout=0.05)
             self._thread.join()
 
     def close(self) -> None:
-        self._stop()
+        self._stopping = True
+        self._join()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
 
 
 class Tee:
-    """A read-only stream of src, read in whole chunks, whose every byte also goes to copy
-    (if any): the caller reads what it needs, and drain() reads the rest (a blob is hashed
-    whole). progress(done, total) hears of each chunk read.
+    """A read-only stream of src, read in whole chunks, whose every byte also goes through
+    copy (if any: its thread reads ahead, hashes and copies; else read here): the caller
+    reads what it needs, and drain() reads the rest (a blob is hashed whole).
+    progress(done, total) hears of each chunk taken.
 
-    readinto reads src straight into the caller's buffer and hands copy a view of it: the
-    caller must never write into that buffer again (extract's TarReader fills a new one
-    each time), as the copy thread may still be reading it."""
+    take() is what extract's TarReader reads with: the next chunk with what the reader had
+    left of the last before it, in one buffer without copying the chunk."""
 
     def __init__(self, src: IO[bytes], copy: BlobCopy | None,
                  progress: Callable[[int, int | None], None], total: int | None):
         self._src, self._copy = src, copy
         self._progress, self._total, self._done = progress, total, 0
         self._buf = memoryview(b"")
+        if copy is not None:
+            copy.start(src)
 
-    def peek(self, n: int) -> bytes:
-        if len(self._buf) < n:
-            self._fill()
-        return bytes(self._buf[:n])
-
-    def _got(self, chunk: Any) -> None:
+    def _next(self) -> tuple[bytearray, int] | None:
         if self._copy is not None:
-            self._copy.put(chunk)
-        self._done += len(chunk)
-        self._progress(self._done, self._total)
+            item = self._copy.get()
+        else:
+            buf = bytearray(HEAD + CHUNK)
+            with memoryview(buf) as view:
+                n = self._src.readinto(view[HEAD:])
+            item = (buf, n) if n else None
+        if item is not None:
+            self._done += item[1]
+            self._progress(self._done, self._total)
+        return item
+
+    def take(self, rest: memoryview) -> memoryview | None:
+        """rest, then the next chunk, as one read-only view (None at the end): rest goes
+        into the room before the chunk where it fits (the chunk is not copied)."""
+        assert not self._buf, "take() after read(): one way of reading per stream"
+        item = self._next()
+        if item is None:
+            return None
+        buf, n = item
+        if len(rest) <= HEAD:
+            buf[HEAD - len(rest):HEAD] = rest
+            return memoryview(buf)[HEAD - len(rest):HEAD + n].toreadonly()
+        return memoryview(bytes(rest) + memoryview(buf)[HEAD:HEAD + n])
 
     def _fill(self) -> bool:
-        chunk = self._src.read(CHUNK)
-        if not chunk:
+        item = self._next()
+        if item is None:
             return False
-        self._got(chunk)
-        self._buf = memoryview(bytes(self._buf) + chunk) if self._buf else memoryview(chunk)
+        chunk = memoryview(item[0])[HEAD:HEAD + item[1]].toreadonly()
+        self._buf = memoryview(bytes(self._buf) + chunk) if self._buf else chunk
         return True
 
     def read(self, n: int = -1) -> bytes:
         if n < 0:
-            out = bytes(self._buf)
+            out = [bytes(self._buf)]
             self._buf = memoryview(b"")
-            while chunk := self._src.read(CHUNK):
-                self._got(chunk)
-                out += chunk
-            return out
+            while self._fill():
+                out.append(bytes(self._buf))
+                self._buf = memoryview(b"")
+            return b"".join(out)
         if not self._buf and not self._fill():
             return b""
         out = self._buf[:n]
         self._buf = self._buf[len(out):]
-        if len(out) == len(out.obj):  # a whole chunk read: itself, not a copy of it
-            return out.obj  # type: ignore[return-value]
         return bytes(out)
 
     def readinto(self, buffer: Any) -> int:
-        if not self._buf:
-            n = self._src.readinto(buffer)
-            if n:
-                with memoryview(buffer) as view:
-                    self._got(view[:n].toreadonly())
-            return n or 0
+        if not self._buf and not self._fill():
+            return 0
         n = min(len(buffer), len(self._buf))
         buffer[:n] = self._buf[:n]
         self._buf = self._buf[n:]
@@ -143,8 +177,8 @@ class Tee:
 
     def drain(self) -> None:
         self._buf = memoryview(b"")
-        while self._fill():
-            self._buf = memoryview(b"")
+        while self._next() is not None:
+            pass
 
 
 def write_file(path: str, text: str) -> None:

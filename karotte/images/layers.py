@@ -157,8 +157,9 @@ class Layers:
         tmp = self._tmp()
         copy = BlobCopy(tmp)
         try:
-            while chunk := f.read(CHUNK):
-                copy.put(chunk)
+            copy.start(f)
+            while copy.get() is not None:
+                pass
             return self._adopt(copy, tmp, None, what)
         finally:
             copy.close()

@@ -104,10 +104,18 @@ class TarReader:
         self.started = False  # a first header was read
 
     def _fill(self) -> bool:
-        """More of the stream after what is left of the chunk, read into a new buffer
-        (never written again once filled: views of it are handed out and hashed by other
-        threads, and the stream's readinto may hand it to a copy thread too)."""
+        """More of the stream after what is left of the chunk, in a new buffer (never
+        written again once filled: views of it are handed out and hashed by other
+        threads): the stream's next chunk read ahead where it has take(), else read into
+        one here."""
         rest = self._chunk[self._at:]
+        take = getattr(self._stream, "take", None)  # a stream read ahead (blobs.Tee)
+        if take is not None:
+            chunk = take(rest)
+            if chunk is None:
+                return False
+            self._chunk, self._at = chunk, 0
+            return True
         buf = bytearray(len(rest) + _READ)
         buf[:len(rest)] = rest
         with memoryview(buf) as view:
