@@ -181,18 +181,22 @@ static int clear(int dir_fd, const char *base, int64_t *freed) {
 static int put_file(int dir_fd, const char *base, const uint8_t *data, int64_t size,
                     int64_t mode, int chown_ids, int64_t uid, int64_t gid, int64_t mtime,
                     struct kx_done *done) {
-    int fd = openat(dir_fd, base, NEW_FILE, 0600);
+    /* IMG-SETUID-01: the permission bits only. Made with them, so that fchmod is needed
+     * only where the umask took some (and fchown only where the owner is not already
+     * the one to give): fstat says, as it says the inode. */
+    mode_t want = (mode_t)(mode & 0777);
+    int fd = openat(dir_fd, base, NEW_FILE, want);
     if (fd < 0)
         return errno == EEXIST ? THERE : 0;
     uid_t u;
     gid_t g;
     struct timespec times[2] = {{mtime, 0}, {mtime, 0}};
     struct stat st;
-    int ok = write_all(fd, data, (size_t)size) == 0 &&
-             (!owner(chown_ids, uid, gid, &u, &g) || fchown(fd, u, g) == 0) &&
-             /* IMG-SETUID-01: the permission bits only; after chown, which clears them. */
-             fchmod(fd, (mode_t)(mode & 0777)) == 0 && futimens(fd, times) == 0 &&
-             fstat(fd, &st) == 0;
+    int ok = fstat(fd, &st) == 0 && write_all(fd, data, (size_t)size) == 0 &&
+             (!owner(chown_ids, uid, gid, &u, &g) || (st.st_uid == u && st.st_gid == g) ||
+              fchown(fd, u, g) == 0) &&
+             ((st.st_mode & 07777) == want || fchmod(fd, want) == 0) &&
+             futimens(fd, times) == 0;
     close(fd);
     if (!ok) {
         unlinkat(dir_fd, base, 0);
@@ -231,7 +235,10 @@ static int put_dir(int dir_fd, const char *base, int chown_ids, int64_t uid, int
     int fd = openat(dir_fd, base, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     uid_t u;
     gid_t g;
-    if (fd < 0 || (owner(chown_ids, uid, gid, &u, &g) && fchown(fd, u, g) != 0)) {
+    struct stat st;
+    if (fd < 0 || (owner(chown_ids, uid, gid, &u, &g) &&
+                   (fstat(fd, &st) != 0 || ((st.st_uid != u || st.st_gid != g) &&
+                                            fchown(fd, u, g) != 0)))) {
         if (fd >= 0)
             close(fd);
         unlinkat(dir_fd, base, AT_REMOVEDIR);
