@@ -416,3 +416,24 @@ def test_EGRESS_UPSTREAMFORM_01_a_kept_alive_upstream_connection_checks_each_req
     assert [h.split(b"\r\n")[0] for h in heads.seen] == [b"GET /v1/a HTTP/1.1"] * 2
     assert all(f"Host: files.test:{heads.port}".encode() in h for h in heads.seen)
     assert [r.reason for r in session.record().reaches] == ["ok", "bad_request"] * 2
+
+
+@pytest.mark.parametrize("target", ["/../admin", "/%2e%2E/admin", "/a/./b", "/a\\..\\admin",
+                                    "/x/..?q=1"])
+def test_EGRESS_UPSTREAMPATH_01_an_upstream_listener_refuses_a_path_out_of_its_base(
+        gateway, heads, target):
+    # The upstream's base path is /v1: /v1/../admin is /admin to a server that normalises
+    # the path (and %2e or a backslash to one that decodes them), with the host's
+    # credentials. A raw socket, as clients normalise dot segments before they send.
+    session, _, ups = _upstream(gateway, heads)
+    with connect(ups["model"]) as sock:
+        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        reply = read_all(sock)
+    assert reply.startswith(b"HTTP/1.1 400") and b"X-Karotte-Egress: bad_request" in reply
+    assert b"base path" in reply and heads.seen == []
+    with connect(ups["model"]) as sock:  # what stays below it goes on
+        sock.sendall(b"GET /a..b/.well-known HTTP/1.1\r\nHost: x\r\n\r\n")
+        head, _ = read_response(sock)
+    assert head.startswith(b"HTTP/1.1 200")
+    assert [h.split(b"\r\n")[0] for h in heads.seen] == [b"GET /v1/a..b/.well-known HTTP/1.1"]
+    assert [r.reason for r in session.record().reaches] == ["bad_request", "ok"]

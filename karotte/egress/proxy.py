@@ -40,6 +40,16 @@ _FIX = {"not_allowed": "add it to the sandbox's allow-list if the task needs it"
 ECHOING_METHODS = frozenset({"TRACE", "TRACK"})
 
 
+def climbs(target: str) -> bool:
+    """Whether an origin-form target's path has a '.' or '..' segment, as a server that
+    decodes %2e or takes a backslash for a slash would see it: the upstream's base path
+    (https://api.example.com/v1) is then no bound, with the host's credentials added.
+    Clients normalise such segments away before they send (curl, urllib, requests)."""
+    path = target.split("?", 1)[0].split("#", 1)[0]
+    return any(segment in (".", "..")
+               for segment in urllib.parse.unquote(path).replace("\\", "/").split("/"))
+
+
 class Gate:
     """One sandbox's egress: its policy, resolver, limits and log, shared by all its
     listeners and connections."""
@@ -199,6 +209,11 @@ class _Client:
             return await self._refuse(entry, "bad_request", f"an upstream listener takes "
                                       f"origin-form requests (GET /path), not "
                                       f"{method[:20]} {target[:200]!r}")
+        if climbs(target):  # out of the upstream's base path, to a server that normalises
+            return await self._refuse(entry, "bad_request", f"an upstream listener takes paths "
+                                      f"below its upstream's base path: no '.' or '..' "
+                                      f"segment, spelled with %2e or a backslash or not, in "
+                                      f"{target[:200]!r}")
         if method.upper() in ECHOING_METHODS:  # the upstream would echo the credentials back
             return await self._refuse(entry, "bad_request", f"{method[:20]} is refused on an "
                                       f"upstream listener: its answer echoes the request, with "
