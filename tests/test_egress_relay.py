@@ -20,6 +20,25 @@ SIZE = 3_000_000  # well past SPLICE_AT_LEAST, several pipes' worth
 
 
 @contextlib.contextmanager
+def serving(listener, handle):
+    """listener's port, each connection it takes handled by handle(conn) on a thread of its
+    own, until the block ends (the listener is closed)."""
+    def accept():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+
+
+@contextlib.contextmanager
 def echo_server():
     """A TCP server on 127.0.0.1 that sends back every byte it gets, then closes."""
     listener = socket.create_server(("127.0.0.1", 0))
@@ -29,19 +48,8 @@ def echo_server():
             while data := conn.recv(1 << 16):
                 conn.sendall(data)
 
-    def accept():
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=echo, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        listener.close()
+    with serving(listener, echo) as port:
+        yield port
 
 
 @contextlib.contextmanager
@@ -62,19 +70,8 @@ def one_write_server(body):
                 request = request.partition(b"\r\n\r\n")[2]
                 conn.sendall(answer)
 
-    def accept():
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        listener.close()
+    with serving(listener, serve) as port:
+        yield port
 
 
 def data(tmp_path):
