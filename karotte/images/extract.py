@@ -10,12 +10,12 @@ Why a layer cannot write outside the tree or plant anything the tree must not ho
   component or a NUL byte refuses the image (IMG-TRAVERSAL-01). Nothing is ever opened by
   a joined path.
 - Parents are opened component by component from the root fd with
-  openat(O_DIRECTORY|O_NOFOLLOW): a symlink where a directory is needed, planted by an
-  earlier entry or an earlier layer, refuses the image instead of redirecting the write
-  (IMG-SYMLINK-01). The final component is made new (O_CREAT|O_EXCL|O_NOFOLLOW, mkdirat,
-  symlinkat, linkat): what a lower layer left there is unlinked first, fd-relative, so no
-  write ever lands in an inode that was there before; a directory over a directory merges,
-  as the OCI layer spec says.
+  openat(O_DIRECTORY|O_NOFOLLOW) (karotte/images/treewalk.py): a symlink where a directory
+  is needed, planted by an earlier entry or an earlier layer, refuses the image instead of
+  redirecting the write (IMG-SYMLINK-01). The final component is made new
+  (O_CREAT|O_EXCL|O_NOFOLLOW, mkdirat, symlinkat, linkat): what a lower layer left there
+  is unlinked first, fd-relative, so no write ever lands in an inode that was there
+  before; a directory over a directory merges, as the OCI layer spec says.
 - A hard link must name a regular file already in the tree, found the same way; never a
   directory, a symlink, a name not yet extracted, or anything outside (IMG-HARDLINK-01).
 - Character and block devices, FIFOs and any other type refuse the image (IMG-DEVICE-01):
@@ -57,7 +57,6 @@ in it and given its mode back at the end.
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import math
 import os
@@ -72,6 +71,7 @@ from .tree import (DIR_FLAGS, RULES, FileHashes, LayerError, TreeEntry, image_id
 from . import fastpath
 from .tarstream import (BLOCKDEV, CHARDEV, DIRECTORY, EXTENDED_HEADER_LIMIT, FIFO, HARDLINK,
                         SYMLINK, Member, TarError, TarReader)
+from .treewalk import TreeWalk
 from .whiteout import AUFS_META, WHITEOUT, Whiteouts
 
 __all__ = ["LayerError", "LayerBudget", "TreeEntry", "RULES", "EXTENDED_HEADER_LIMIT",
@@ -100,7 +100,7 @@ _TAR_ERRORS = (TarError, ValueError, OverflowError, EOFError)
 _KINDS = {CHARDEV: "a character device", BLOCKDEV: "a block device", FIFO: "a FIFO"}
 
 
-class _Layer(Whiteouts):
+class _Layer(Whiteouts, TreeWalk):
     """One apply_layer call: the root fd, the budget, and what this layer added."""
 
     def __init__(self, root_fd: int, budget: LayerBudget,
@@ -254,98 +254,6 @@ class _Layer(Whiteouts):
         else:
             kind = _KINDS.get(m.type, f"tar type {m.type.decode('latin-1')!r}")
             raise self.refuse("IMG-DEVICE-01", f"{kind} is not allowed in an image")
-
-    # -- walking the tree
-
-    def _open_dir(self, parent: int, name: bytes, path: bytes) -> int:
-        """The directory name in parent, never through a symlink; writable by us."""
-        try:
-            fd = os.open(name, DIR_FLAGS, dir_fd=parent)
-        except PermissionError:
-            if not self.unprivileged:
-                raise
-            self._open_up(parent, name, path)
-            fd = os.open(name, DIR_FLAGS, dir_fd=parent)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
-                raise
-            st = lstat_at(name, parent)
-            if st is not None and stat.S_ISLNK(st.st_mode):
-                raise self.refuse("IMG-SYMLINK-01", f"{escape(path)} is a symlink; a layer "
-                                  "never writes through one") from None
-            raise self.refuse("IMG-TRAVERSAL-01", f"{escape(path)} is not a directory") \
-                from None
-        if self.unprivileged and stat.S_IMODE(os.fstat(fd).st_mode) & 0o700 != 0o700:
-            self._open_up(parent, name, path)
-        return fd
-
-    def _open_up(self, parent: int, name: bytes, path: bytes) -> None:
-        """Unprivileged, the mode bits bind us too: give a directory owner rwx while the
-        layer works in it; _finish gives it its mode back. By name, since a directory
-        without r cannot be opened: lstat shows a directory there, and nothing but this
-        layer writes in the tree, so there is no link to follow."""
-        st = lstat_at(name, parent)
-        if st is None or not stat.S_ISDIR(st.st_mode):
-            raise self.refuse("IMG-TRAVERSAL-01", f"{escape(path)} is not a directory")
-        mode = stat.S_IMODE(st.st_mode)
-        self.dirs.setdefault(path, (mode, None))
-        os.chmod(name, mode | 0o700, dir_fd=parent)
-
-    def _parent(self, dirs: list[bytes], create: bool) -> int | None:
-        """The fd of the directory dirs names, opened component by component from the
-        root (missing ones made, if create; else None). The chain of fds is kept for the
-        next entry: nothing a layer does removes an ancestor of the entry it applies."""
-        keep = 0
-        while keep < min(len(dirs), len(self.chain)) and self.chain[keep][0] == dirs[keep]:
-            keep += 1
-        for _, fd in self.chain[keep:]:
-            os.close(fd)
-        del self.chain[keep:]
-        for i in range(keep, len(dirs)):
-            parent = self.chain[-1][1] if self.chain else self.root
-            path = b"/".join(dirs[:i + 1])
-            if lstat_at(dirs[i], parent) is None:
-                if not create:
-                    return None
-                os.mkdir(dirs[i], 0o700, dir_fd=parent)
-                fd = os.open(dirs[i], DIR_FLAGS, dir_fd=parent)
-                self.chain.append((dirs[i], fd))
-                self._own_ids(fd, 0, 0)  # a parent the tar never named: root's, 0755
-                self.dirs[path] = (0o755, None)
-                self._add(path)
-                continue
-            self.chain.append((dirs[i], self._open_dir(parent, dirs[i], path)))
-        return self.chain[-1][1] if self.chain else self.root
-
-    def _reopen(self, parts: list[bytes]) -> int | None:
-        """A fresh fd of the directory parts names (the caller closes it), or None if a
-        component is missing, a symlink or not a directory. The current entry's chain of
-        fds stays as it is."""
-        fd = os.open(".", DIR_FLAGS, dir_fd=self.root)
-        for part in parts:
-            try:
-                nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
-            except OSError as exc:
-                os.close(fd)
-                if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                    return None
-                raise
-            os.close(fd)
-            fd = nxt
-        return fd
-
-    def _add(self, path: bytes) -> None:
-        self.added.add(path)
-        if path:
-            self._hold(path.rpartition(b"/")[0])
-
-    def _hold(self, path: bytes) -> None:
-        """path (a directory) and those above it hold something this layer made."""
-        while path not in self.holds:
-            self.holds.add(path)
-            if not path:
-                break
-            path = path.rpartition(b"/")[0]
 
     # -- budget, owners, times
 
@@ -541,83 +449,6 @@ class _Layer(Whiteouts):
         finally:
             os.close(tparent)
         self._add(join(dirs, name))
-
-    # -- before and after
-
-    def _measure(self) -> int:
-        """Bytes of the regular files already in the tree (each inode once)."""
-        total = 0
-        seen: set[int] = set()
-        stack = [(os.open(".", DIR_FLAGS, dir_fd=self.root), b"")]
-        try:
-            while stack:
-                fd, path = stack.pop()
-                try:
-                    for child in sorted_names(fd):
-                        st = lstat_at(child, fd)
-                        if st is None:
-                            continue
-                        if stat.S_ISDIR(st.st_mode):
-                            cpath = path + b"/" + child if path else child
-                            stack.append((self._open_dir(fd, child, cpath), cpath))
-                        elif stat.S_ISREG(st.st_mode) and (st.st_nlink == 1 or
-                                                           st.st_ino not in seen):
-                            seen.add(st.st_ino)
-                            total += st.st_size
-                finally:
-                    os.close(fd)
-        finally:
-            for fd, _ in stack:
-                os.close(fd)
-        return total
-
-    def _finish(self) -> None:
-        """Directories' modes and mtimes, deepest first: nothing is written in them now.
-        Siblings are next to each other in that order, so each is opened from the fds of
-        its parents kept from the one before (they are shallower: not given their modes
-        yet)."""
-        for _, fd in self.chain:
-            os.close(fd)
-        self.chain.clear()
-        chain: list[tuple[bytes, int]] = []  # the parents of the directory before
-        try:
-            for path in sorted(self.dirs, key=lambda p: (-p.count(b"/") - bool(p), p)):
-                mode, mtime = self.dirs[path]
-                fd = self._reach(chain, path.split(b"/") if path else [])
-                if fd is None:
-                    continue  # replaced or whited out since
-                try:
-                    os.fchmod(fd, mode)
-                    if mtime is not None:
-                        os.utime(fd, ns=(mtime, mtime))
-                finally:
-                    os.close(fd)
-        finally:
-            for _, fd in chain:
-                os.close(fd)
-
-    def _reach(self, chain: list[tuple[bytes, int]], parts: list[bytes]) -> int | None:
-        """A fresh fd of the directory parts names (the caller closes it), opened from the
-        fds of chain (its parents so far, kept and updated for the next call), or None if
-        a component is missing, a symlink or not a directory."""
-        keep = 0
-        while keep < min(len(parts) - 1, len(chain)) and chain[keep][0] == parts[keep]:
-            keep += 1
-        for _, fd in chain[keep:]:
-            os.close(fd)
-        del chain[keep:]
-        for part in parts[len(chain):]:
-            try:
-                fd = os.open(part, DIR_FLAGS, dir_fd=chain[-1][1] if chain else self.root)
-            except OSError as exc:
-                if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                    return None
-                raise
-            chain.append((part, fd))
-        if not parts:
-            return os.open(".", DIR_FLAGS, dir_fd=self.root)
-        return chain.pop()[1]
-
 
 def apply_layer(stream: BinaryIO, root_fd: int, *, budget: LayerBudget = LayerBudget(),
                 ids: Callable[[int, int], tuple[int, int]] | None = None,

@@ -1,5 +1,5 @@
 """The content-addressed image store: verified blobs, read-only unpacked trees keyed by
-chain id, names, uses that keep gc away, and gc.
+chain id, names, uses that keep gc away, and gc (karotte/images/collect.py).
 
     ROOT/blobs/sha256/<hex>        manifests, configs, layers Karotte made (dir:, debian:)
                                    or zstd reads; verified by sha256 as copied in
@@ -31,6 +31,7 @@ from typing import Callable, Iterator
 
 from . import oci, sources
 from .blobs import fsync_dir, remove, syncfs, write_file
+from .collect import Collecting, GcResult  # noqa: F401 (GcResult: public here too)
 from .extract import LayerBudget, image_ids
 from .layers import Building, Layers
 from .oci import ImageError, chain_ids
@@ -108,17 +109,6 @@ class Verification:
         return not self.problems
 
 
-@dataclass(frozen=True)
-class GcResult:
-    """What `Store.gc` removed, and what it left because a sandbox or an import held it."""
-
-    trees_removed: tuple[str, ...]
-    blobs_removed: tuple[str, ...]
-    bytes_freed: int
-    trees_in_use: tuple[str, ...]
-    blobs_skipped: bool  # an import was under way: no blob was removed this time
-
-
 def default_root() -> str:
     """$KAROTTE_IMAGE_DIR; else /var/lib/karotte/images for root; else the XDG cache."""
     if os.environ.get(ENV_IMAGE_DIR):
@@ -129,7 +119,7 @@ def default_root() -> str:
     return os.path.join(cache, "karotte", "images")
 
 
-class Store:
+class Store(Collecting):
     """The image store at root (default_root()); made on first use."""
 
     def __init__(self, root: str | None = None, *, budget: LayerBudget | None = None):
@@ -540,62 +530,6 @@ class Store:
                 problems.append(f"{path}: {', '.join(changed)}")
         return Verification(record["chain_id"], os.path.join(holder, "rootfs"), len(found),
                             tuple(problems))
-
-    def gc(self) -> GcResult:
-        """Remove the trees and blobs that no name refers to, except trees in use (their
-        lock held shared) and, while an import is under way, any blob."""
-        self._ensure()
-        removed, in_use, freed = [], [], 0
-        for key in sorted(os.listdir(self._path("trees"))):
-            if key in self._named()[0]:
-                continue
-            with self._lock(self._path("locks", key), fcntl.LOCK_EX | fcntl.LOCK_NB) as taken:
-                if not taken:
-                    in_use.append(key)
-                    continue
-                if key in self._named()[0]:  # named while we waited for nothing: keep it
-                    continue
-                doomed = self._path("tmp", f"gc-{key}-{secrets.token_hex(4)}")
-                os.rename(self._path("trees", key), doomed)  # gone for every later use
-                freed += remove(doomed)
-                removed.append(key)
-                for path in (self._path("locks", key), self._path("locks", key + ".build")):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(path)
-        self._drop_sources()
-        blobs_removed: list[str] = []
-        with self._lock(self._path("store.lock"), fcntl.LOCK_EX | fcntl.LOCK_NB) as alone:
-            if alone:
-                keep = self._named()[1]
-                for hex_ in sorted(os.listdir(self._path("blobs", "sha256"))):
-                    if f"sha256:{hex_}" not in keep:
-                        path = self._path("blobs", "sha256", hex_)
-                        freed += os.stat(path).st_size
-                        os.unlink(path)
-                        blobs_removed.append(f"sha256:{hex_}")
-                for left in os.listdir(self._path("tmp")):  # no import runs: all leftovers
-                    freed += remove(self._path("tmp", left))
-        return GcResult(tuple(removed), tuple(blobs_removed), freed, tuple(in_use), not alone)
-
-    def _named(self) -> tuple[set[str], set[str]]:
-        """The tree keys and the blob digests that names refer to."""
-        trees, blobs = set(), set()
-        refs = self._path("refs")
-        for dirpath, _, files in os.walk(refs):
-            for file in files:
-                record = self._read_record(os.path.join(dirpath, file))
-                if record is not None:
-                    trees.add(record["tree"])
-                    blobs.update([record["config_digest"], *record["layers"]])
-        return trees, blobs
-
-    def _drop_sources(self) -> None:
-        for file in os.listdir(self._path("sources")):
-            path = self._path("sources", file)
-            record = self._read_record(path)
-            if record is None or not os.path.isdir(self._path("trees", record["tree"])):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
 
 
 def _layer_progress(say: Progress, number: int, count: int, done: int,
