@@ -14,9 +14,9 @@ Cases (medians with p10/p90, and ratios):
 
   import    round-robin, with a rotating start, of:
             - Karotte's whole `Store(root).import_image("docker-archive:x.tar:repo/x:t")`
-              into a fresh, empty store on tmpfs (each layer read once: copied into blobs/
-              and hashed by a thread while it is extracted, every file hashed as it is
-              written, the tree's manifest, syncfs, records);
+              into a fresh, empty store on tmpfs (each layer read once, ahead, and
+              hashed by a thread while it is extracted, not kept; every file hashed as it
+              is written; the tree's manifest, syncfs, records);
             - `tar -x` of the archive's layers (taken out of it in the set-up) into a fresh
               directory on tmpfs, in order: the floor;
             - a repeat import of the same archive into that store (a cache hit);
@@ -74,10 +74,10 @@ IMAGE_PHASES: dict[str, tuple[str, str]] = {
     "import: whole (Store.import_image)": ("karotte.images.store", "Store.import_image"),
     "read manifest.json, the config (oci.read_image)": ("karotte.images.oci", "read_image"),
     "tree: build whole (Store._build)": ("karotte.images.store", "Store._build"),
-    "tree: each layer: read once, copied into blobs/ and extracted (Layers.from_source)":
+    "tree: each layer: read once, hashed and extracted (Layers.from_source)":
         ("karotte.images.layers", "Layers.from_source"),
     "tree: each layer: extract (apply_layer)": ("karotte.images.layers", "apply_layer"),
-    "tree: each layer: the blob copy's end, fsync and digest (BlobCopy.finish)":
+    "tree: each layer: the blob thread's end and digest (BlobCopy.finish)":
         ("karotte.images.blobs", "BlobCopy.finish"),
     "tree: manifest.jsonl, a walk taking the files' hashes from extraction (manifest_file)":
         ("karotte.images.store", "manifest_file"),
