@@ -22,20 +22,34 @@ SIZE = 3_000_000  # well past SPLICE_AT_LEAST, several pipes' worth
 @contextlib.contextmanager
 def serving(listener, handle):
     """listener's port, each connection it takes handled by handle(conn) on a thread of its
-    own, until the block ends (the listener is closed)."""
+    own, until the block ends: then the listener and every connection are shut down and
+    their threads joined, so that no fd of this process closes later, under another test
+    (test_lifecycle's fd counts)."""
+    taken: list[tuple[socket.socket, threading.Thread]] = []
+
     def accept():
         while True:
             try:
                 conn, _ = listener.accept()
             except OSError:
                 return
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+            thread = threading.Thread(target=handle, args=(conn,), daemon=True)
+            taken.append((conn, thread))
+            thread.start()
 
-    threading.Thread(target=accept, daemon=True).start()
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
     try:
         yield listener.getsockname()[1]
     finally:
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        acceptor.join(10)
         listener.close()
+        for conn, thread in taken:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            thread.join(10)
 
 
 @contextlib.contextmanager

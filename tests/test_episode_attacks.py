@@ -1213,9 +1213,9 @@ def test_FS_TOCTOU_01_daemons_that_swap_the_answer_are_dead_before_the_scan(face
     assert outcome.infra_error is None and outcome.reward == 0.0
     assert outcome.reason in ("graded", "scanner_rejected_required_output")
     assert not any(v.kind == "changed-during-scan" for v in outcome.violations)
-    if outcome.reason == "graded":
-        mode = int(outcome.details["files"]["answer.txt"][0], 8)
-        assert stat.S_ISREG(mode)
+    files = outcome.details["files"] if outcome.reason == "graded" else {}
+    if "answer.txt" in files:  # absent where the kill came between a rename and a create
+        assert stat.S_ISREG(int(files["answer.txt"][0], 8))
     next_episode_is_clean(Inventory())
 
 
