@@ -82,7 +82,7 @@ IMAGE_PHASES: dict[str, tuple[str, str]] = {
     "tree: manifest.jsonl, a walk taking the files' hashes from extraction (manifest_file)":
         ("karotte.images.store", "manifest_file"),
     "tree: each layer: directories' modes and mtimes at its end (_Layer._finish)":
-        ("karotte.images.extract", "_Layer._finish"),
+        ("karotte.images.treewalk", "TreeWalk._finish"),
     "tree: syncfs of the store's filesystem (syncfs)": ("karotte.images.store", "syncfs"),
     "records under sources/ and refs/ (Store._write_record)":
         ("karotte.images.store", "Store._write_record"),
