@@ -164,14 +164,6 @@ class Tee:
         self._buf = self._buf[len(out):]
         return bytes(out)
 
-    def readinto(self, buffer: Any) -> int:
-        if not self._buf and not self._fill():
-            return 0
-        n = min(len(buffer), len(self._buf))
-        buffer[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
-        return n
-
     def readable(self) -> bool:
         return True
 
