@@ -363,6 +363,54 @@ def drop_pages(path) -> None:
         os.close(fd)
 
 
+def _whole_disk(dev: int) -> str:
+    """"major:minor" of the disk that holds device `dev` (a partition's parent), which is
+    what a block cgroup's limits name."""
+    node = os.path.realpath(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    if os.path.exists(os.path.join(node, "partition")):
+        node = os.path.dirname(node)
+    with open(os.path.join(node, "dev")) as f:
+        return f.read().strip()
+
+
+@contextlib.contextmanager
+def slow_disk_reads(path):
+    """A block cgroup whose reads of the disk that holds `path` are throttled to 4 KiB/s
+    (yields its cgroup.procs path, which a process writes its pid to when it is ready to
+    be slowed, after its own imports: page cache here may be small). A read that a
+    process in it starts cannot complete within the same system call: preadv2(RWF_NOWAIT)
+    of a cold page starts the page's read and then finds it not yet in, where on a fast
+    virtual disk the read often wins that race and a cold page reads as cached. The limit
+    is lifted on leaving, so the reads still queued go through, and the cgroup removed."""
+    disk = _whole_disk(os.stat(path).st_dev)
+    v1 = "/sys/fs/cgroup/blkio"
+    if os.path.exists(os.path.join(v1, "blkio.throttle.read_bps_device")):
+        top, limit = v1, "blkio.throttle.read_bps_device"
+        setting, lifted = f"{disk} 4096", f"{disk} 0"
+    else:
+        top = "/sys/fs/cgroup"
+        try:
+            with open(os.path.join(top, "cgroup.subtree_control")) as f:
+                has_io = "io" in f.read().split()
+        except OSError:
+            has_io = False
+        if not has_io:
+            pytest.skip("no block cgroup to slow the disk's reads: neither cgroup v1's "
+                        "blkio nor cgroup v2's io controller enabled at the root")
+        limit, setting, lifted = "io.max", f"{disk} rbps=4096", f"{disk} rbps=max"
+    group = tempfile.mkdtemp(prefix="karotte-test-slowread-", dir=top)
+    try:
+        with open(os.path.join(group, limit), "w") as f:
+            f.write(setting)
+        try:
+            yield os.path.join(group, "cgroup.procs")
+        finally:
+            with open(os.path.join(group, limit), "w") as f:
+                f.write(lifted)
+    finally:
+        os.rmdir(group)
+
+
 def make_cold(path) -> None:
     """Drops the file's (clean) pages from the host's cache, and skips the test unless
     none stayed, as read from the host by cachestat(2) (bench_side_channels.cached_pages)."""

@@ -4,8 +4,9 @@ A sender sandbox leaves marks in state that every sandbox shares (which pages of
 read-only bound file are in the host's page cache, how full its workspace is); a
 receiver sandbox probes for them. Through each probe the policy denies, the receiver
 gets the policy's errno for every page and learns nothing, while the same probe run on
-the host without the filter reads the marks exactly: the marks are there, and the probe
-would carry them. LINK-CACHE-01 has the sender's sandbox closed before the receiver's is
+the host without the filter (its disk reads slowed, so that a read the probe starts
+cannot win the race) reads the marks exactly: the marks are there, and the probe would
+carry them. LINK-CACHE-01 has the sender's sandbox closed before the receiver's is
 made (a check run before a timed run); LINK-SIBLING-01 has both alive at once.
 
 The channels that stay open (timing the reads, pagemap after fault-around, futexes and
@@ -32,7 +33,7 @@ from karotte.sandbox import Sandbox
 from karotte.seccomp import SYSCALL_NUMBERS
 from karotte.spec import Bind, MiB, SandboxSpec
 
-from conftest import load_script, make_cold, needs_sandbox, py
+from conftest import load_script, make_cold, needs_sandbox, py, slow_disk_reads
 
 pytestmark = needs_sandbox()
 
@@ -73,11 +74,26 @@ def _host_truth(top: str) -> list[str]:
     return [str(bench.cached_pages(os.path.join(top, "blob"), page, 1)) for page in range(PAGES)]
 
 
+# Runs the receiver's program (argv[2:]) after its imports, in the block cgroup whose
+# cgroup.procs is argv[1].
+_SLOWED = """
+import ctypes, errno, json, mmap, os, struct, sys, time
+procs = sys.argv.pop(1)
+with open(procs, "w") as f:
+    f.write(str(os.getpid()))
+exec(compile(sys.argv.pop(1), "<receiver>", "exec"))
+"""
+
+
 def _probe_on_host(method: str, top: str) -> list[str]:
-    """The receiver's program run on the host, without Karotte's filter."""
-    run = subprocess.run([sys.executable, "-I", "-c", bench.RECEIVER_CACHE, method,
-                          os.path.join(top, "blob"), json.dumps(list(range(PAGES))),
-                          bench._numbers()], capture_output=True, text=True, timeout=60)
+    """The receiver's program run on the host, without Karotte's filter, with its disk
+    reads slowed: a probe that starts the read of a cold page (RWF_NOWAIT does) must not
+    see that read finish, or it would read the page as cached."""
+    blob = os.path.join(top, "blob")
+    with slow_disk_reads(blob) as procs:
+        run = subprocess.run([sys.executable, "-I", "-c", _SLOWED, procs, bench.RECEIVER_CACHE,
+                              method, blob, json.dumps(list(range(PAGES))), bench._numbers()],
+                             capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout)["results"]
 
