@@ -91,7 +91,18 @@ def cleanup() -> None:
               "run `karotte-sandbox gc` after this process has ended", file=sys.stderr)
 
 
+_installed_by: int | None = None  # the pid that installed the handlers
+
+
 def _on_signal(signum: int, _frame) -> None:
+    if os.getpid() != _installed_by:
+        # A child forked without exec (pyroute2's netns helper, a fork-started worker):
+        # its forker expects the signal's default action, not an exception raised into
+        # its code. Its own sandboxes stopped, it dies by the signal.
+        stop_all(signum)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     first = shutdown.ending() is None
     stop_all(signum)
     if first:  # once: a second signal must not break the unwinding of the first
@@ -105,6 +116,8 @@ def install_signal_handlers() -> None:
     asyncio.run() in an asyncio program (asyncio.run then cancels its tasks, whose
     `async with` blocks close their episodes). Slurm, Kubernetes and timeout(1) send
     SIGTERM first: without this, the default action kills the process like SIGKILL."""
+    global _installed_by
+    _installed_by = os.getpid()
     for sig in SIGNALS:
         signal.signal(sig, _on_signal)
 

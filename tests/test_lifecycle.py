@@ -402,3 +402,34 @@ with Sandbox() as sb:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "karotte"]
+
+
+# A process with the handlers forks a child that runs on without exec (as pyroute2's
+# netns helper does): the child must die of SIGTERM as its forker expects, not get
+# Terminated raised into its code and run on (CI: a pytest child ran the rest of the
+# suite after its SIGTERM).
+FORKS_A_CHILD = """
+import os, signal, sys, time
+from karotte import lifecycle
+lifecycle.install_signal_handlers()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(w, b"x")
+    try:
+        time.sleep(30)
+    except BaseException as exc:
+        print("child raised", type(exc).__name__, flush=True)
+    os._exit(0)
+os.read(r, 1)
+os.kill(pid, signal.SIGTERM)
+_, status = os.waitpid(pid, 0)
+print(os.WIFSIGNALED(status) and os.WTERMSIG(status), flush=True)
+"""
+
+
+def test_a_child_forked_without_exec_dies_of_sigterm_not_terminated(no_leaks):
+    run = subprocess.run([sys.executable, "-c", FORKS_A_CHILD], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(int(signal.SIGTERM))], run.stdout
