@@ -27,8 +27,9 @@ CONTROL_TRIES = 3
 # check of both, in 130 pages: a marker pair (first page read: written; both: used up)
 # and a pair per bit (one of the two read). The check makes a region read back wrong (a
 # mark the host reclaimed, a read timed wrong) count as used up, never as an answer: on
-# our hosts page cache that nobody reads is reclaimed within seconds, idle or not. Timing a read reads the page in, so each look uses a region up:
-# a run that finds its answer writes it again into the next region. A read that took long
+# our hosts page cache that nobody reads is reclaimed within seconds, idle or not.
+# Timing a read reads the page in, so each look uses a region up: a run that finds its
+# answer writes it again into the next region. A read that took long
 # because the run was preempted (another process had the CPU) tells nothing; the other
 # page of its pair does. What it has not seen it computes quadratically, as the baseline
 # does, so that only the cache makes it fast.
@@ -42,16 +43,17 @@ REGION = 2 + 2 * BITS
 data = sys.stdin.buffer.read()
 digest = hashlib.sha256(data).digest()
 tag = int.from_bytes(digest[8:10], "big")  # an answer found under another input's tag is not ours
-
-
-def check(tag, answer):
-    return int.from_bytes(hashlib.sha256(digest + (tag << 32 | answer).to_bytes(6, "big"))
-                          .digest()[:2], "big")
 fd = os.open(FILE, os.O_RDONLY)
 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no readahead: a read caches its page only
 blocks = os.fstat(fd).st_size // (PAGE * REGION * GENERATIONS)
 block = int.from_bytes(digest[:8], "big") %% blocks
 regions = [(block * GENERATIONS + g) * REGION for g in range(GENERATIONS)]
+
+
+def check(tag, answer):
+    """16 bits of the sha256 of the input, the tag and the answer."""
+    return int.from_bytes(hashlib.sha256(digest + (tag << 32 | answer).to_bytes(6, "big"))
+                          .digest()[:2], "big")
 
 
 def hot(page):
