@@ -52,15 +52,23 @@ ffibuilder.cdef(
                                uint32_t *odd, size_t *n_odd);
     void karotte_tree_text_free(uint8_t *text);
     void karotte_tree_free(struct kt_tree *t);
+
+    #define KC_KEEP ...
+    void *karotte_chunk_alloc(size_t size);
+    void karotte_chunk_free(void *p);
+    void karotte_chunk_hold(void);
+    void karotte_chunk_release(void);
+    size_t karotte_chunk_kept(void);
     """
 )
 ffibuilder.set_source(
     "karotte._native",
-    '#include "spawn.h"\n#include "extract.h"\n#include "tree.h"',
-    sources=[f"{CSRC}/spawn.c", f"{CSRC}/extract.c", f"{CSRC}/tree.c"],
+    '#include "spawn.h"\n#include "extract.h"\n#include "tree.h"\n#include "chunks.h"',
+    sources=[f"{CSRC}/spawn.c", f"{CSRC}/extract.c", f"{CSRC}/tree.c",
+             f"{CSRC}/chunks.c"],
     include_dirs=[CSRC],
     depends=[f"{CSRC}/spawn.h", f"{CSRC}/protocol.h", f"{CSRC}/extract.h",
-             f"{CSRC}/tree.h"],
+             f"{CSRC}/tree.h", f"{CSRC}/chunks.h"],
     libraries=["crypto"],  # extract.c's and tree.c's sha256: OpenSSL's, as hashlib's
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-D_GNU_SOURCE"],
 )

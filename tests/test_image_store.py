@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 import karotte.images as images_api
-from karotte.images import ImageError, ImageNotFound, Store, default_root
+from karotte.images import ImageError, ImageNotFound, Store, blobs, default_root
 from karotte.images.store import chain_ids
 from test_images import images, make_images, tree_manifest  # noqa: F401 (a fixture)
 
@@ -33,6 +33,50 @@ def in_child(code: str, *args: str) -> subprocess.Popen:
     """A real second process running code with sys.argv[1:] = args."""
     return subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+# -- the read buffers of an import (csrc/chunks.c) ----------------------------------------
+
+def _mapped(address: int) -> bool:
+    with open("/proc/self/maps") as f:
+        for line in f:
+            start, end = (int(x, 16) for x in line.split()[0].split("-"))
+            if start <= address < end:
+                return True
+    return False
+
+
+@pytest.mark.skipif(blobs._POOLED is None, reason="karotte._native is not built (pip install -e .)")
+def test_read_buffers_are_taken_again_while_an_import_holds_the_pool_and_unmapped_after():
+    from karotte._native import ffi, lib
+    size = blobs.HEAD + blobs.CHUNK
+
+    def address(buf) -> int:
+        return int(ffi.cast("uintptr_t", ffi.from_buffer(buf)))
+
+    assert lib.karotte_chunk_kept() == 0
+    with blobs.pooled():
+        first = blobs.chunk_buffer(size)
+        at = address(first)
+        del first  # its last reference: kept, not unmapped
+        assert lib.karotte_chunk_kept() == 1 and _mapped(at)
+        again = blobs.chunk_buffer(size)
+        assert address(again) == at and lib.karotte_chunk_kept() == 0
+        other = blobs.chunk_buffer(4096)  # another size: a block of its own
+        assert address(other) != at
+        held = blobs.chunk_buffer(size)
+        held[:4] = b"keep"
+        view = memoryview(held)[:4]
+        held_at = address(held)
+        del again, other, held
+        assert lib.karotte_chunk_kept() == 2
+    assert lib.karotte_chunk_kept() == 0 and not _mapped(at)  # the last holder let go
+    assert bytes(view) == b"keep" and _mapped(held_at)  # still viewed: still there
+    del view  # freed outside any hold: unmapped at once, not kept
+    assert lib.karotte_chunk_kept() == 0 and not _mapped(held_at)
+    outside = blobs.chunk_buffer(size)
+    del outside
+    assert lib.karotte_chunk_kept() == 0
 
 
 # -- where the store is --------------------------------------------------------------

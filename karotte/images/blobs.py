@@ -16,20 +16,52 @@ import queue
 import shutil
 import stat
 import threading
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Iterator
 
 from .tree import CHUNK
 
+try:
+    from .._native import ffi as _ffi, lib as _lib
+    _POOLED = _ffi.new_allocator(alloc=_lib.karotte_chunk_alloc, free=_lib.karotte_chunk_free,
+                                 should_clear_after_alloc=False) \
+        if hasattr(_lib, "karotte_chunk_alloc") else None
+except ImportError:  # the system Python of an unprivileged import, without cffi
+    _POOLED = None
+
 _AHEAD = 8  # chunks read ahead of the importing thread at most (each 1 MiB and HEAD)
 HEAD = 64 << 10  # room before each chunk read, for what the reader had left of the one before
+
+
+def chunk_buffer(size: int) -> Any:
+    """A new writable buffer of size bytes for one read: a block of csrc/chunks.c's pool
+    where the extension is built (kept for the next once the last view of it is gone,
+    while pooled() is held; its bytes are not zeroed, and only those a read wrote are ever
+    viewed), else a bytearray."""
+    if _POOLED is None:
+        return bytearray(size)
+    return _ffi.buffer(_POOLED("uint8_t[]", size))
+
+
+@contextlib.contextmanager
+def pooled() -> Iterator[None]:
+    """The chunk pool held for the block (an import's layers): chunk_buffer()s freed inside
+    it are kept for the next; when the last holder lets go, the kept ones are unmapped."""
+    if _POOLED is None:
+        yield
+        return
+    _lib.karotte_chunk_hold()
+    try:
+        yield
+    finally:
+        _lib.karotte_chunk_release()
 
 
 class BlobCopy:
     """A blob read from its source by a thread of its own, chunk by chunk, each hashed and
     (unless path is None) written to path (new), then handed to the importing thread
     (get): the read, sha256 and write(2) release the GIL and run beside the extraction of
-    the chunks read before. Each chunk is a new buffer with HEAD bytes of room before it,
-    never written again by this thread once handed on. finish() is the blob's digest, its
+    the chunks read before. Each chunk is a new buffer (chunk_buffer) with HEAD bytes of
+    room before it, never written again by this thread once handed on. finish() is the blob's digest, its
     data synced, once every chunk was taken."""
 
     def __init__(self, path: str | None):
@@ -37,7 +69,7 @@ class BlobCopy:
         self._fd = -1 if path is None else os.open(
             path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         self._sha = hashlib.sha256()
-        self._out: queue.Queue[tuple[bytearray, int] | None] = queue.Queue(_AHEAD)
+        self._out: queue.Queue[tuple[Any, int] | None] = queue.Queue(_AHEAD)
         self._error: BaseException | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -51,7 +83,7 @@ class BlobCopy:
     def _run(self, src: IO[bytes]) -> None:
         try:
             while not self._stopping:
-                buf = bytearray(HEAD + CHUNK)
+                buf = chunk_buffer(HEAD + CHUNK)
                 with memoryview(buf) as view:
                     n = src.readinto(view[HEAD:])
                     if not n:
@@ -66,7 +98,7 @@ class BlobCopy:
         finally:
             self._out.put(None)
 
-    def get(self) -> tuple[bytearray, int] | None:
+    def get(self) -> tuple[Any, int] | None:
         """The next chunk read (its buffer, and its bytes after HEAD); None at the end."""
         item = self._out.get()
         if item is None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from . import oci, sources
-from .blobs import fsync_dir, remove, syncfs, write_file
+from .blobs import fsync_dir, pooled, remove, syncfs, write_file
 from .collect import Collecting, GcResult  # noqa: F401 (GcResult: public here too)
 from .extract import LayerBudget, image_ids
 from .layers import Building, Layers
@@ -286,8 +286,9 @@ class Store(Collecting):
                 if self._ids is not None:
                     os.fchown(root_fd, *self._ids(0, 0))  # the image's root owns its /
                 tree = Building()
-                blobs = [apply(root_fd, diff_id, tree)
-                         for apply, diff_id in zip(layers(), diff_ids, strict=True)]
+                with pooled():  # each layer's reads in the buffers of the reads before
+                    blobs = [apply(root_fd, diff_id, tree)
+                             for apply, diff_id in zip(layers(), diff_ids, strict=True)]
                 say(ImportProgress("manifest"))
                 text, size = manifest_file(root_fd, tree.hashes)
             finally:
