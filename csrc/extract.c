@@ -177,10 +177,11 @@ static int clear(int dir_fd, const char *base, int64_t *freed) {
 }
 
 /* One regular file, new in dir_fd; 0 where Python must do it (nothing is left behind),
- * THERE where the name is taken. */
+ * THERE where the name is taken. Deferred (count->open_max allows it): made, sized, owned
+ * and moded, its fd left open in done->fd for karotte_extract_finish, which writes it. */
 static int put_file(int dir_fd, const char *base, const uint8_t *data, int64_t size,
                     int64_t mode, int chown_ids, int64_t uid, int64_t gid, int64_t mtime,
-                    struct kx_done *done) {
+                    struct kx_count *count, struct kx_done *done) {
     /* IMG-SETUID-01: the permission bits only. Made with them, so that fchmod is needed
      * only where the umask took some (and fchown only where the owner is not already
      * the one to give): fstat says, as it says the inode. */
@@ -188,22 +189,33 @@ static int put_file(int dir_fd, const char *base, const uint8_t *data, int64_t s
     int fd = openat(dir_fd, base, NEW_FILE, want);
     if (fd < 0)
         return errno == EEXIST ? THERE : 0;
+    int defer = count->open_max > 0 &&
+                __atomic_load_n(&count->open, __ATOMIC_RELAXED) < count->open_max;
     uid_t u;
     gid_t g;
     struct timespec times[2] = {{mtime, 0}, {mtime, 0}};
     struct stat st;
-    int ok = fstat(fd, &st) == 0 && write_all(fd, data, (size_t)size) == 0 &&
+    int ok = fstat(fd, &st) == 0 &&
+             (defer ? size == 0 || ftruncate(fd, size) == 0
+                    : write_all(fd, data, (size_t)size) == 0) &&
              (!owner(chown_ids, uid, gid, &u, &g) || (st.st_uid == u && st.st_gid == g) ||
               fchown(fd, u, g) == 0) &&
              ((st.st_mode & 07777) == want || fchmod(fd, want) == 0) &&
-             futimens(fd, times) == 0;
-    close(fd);
+             (defer || futimens(fd, times) == 0);
     if (!ok) {
+        close(fd);
         unlinkat(dir_fd, base, 0);
         return 0;
     }
+    if (defer) {
+        done->fd = fd;
+        __atomic_add_fetch(&count->open, 1, __ATOMIC_RELAXED);
+    } else {
+        close(fd);
+    }
     done->ino = st.st_ino;
     done->size = size;
+    done->mtime = mtime;
     done->kind = KX_FILE;
     return 1;
 }
@@ -328,6 +340,7 @@ int64_t karotte_extract_run(const uint8_t *buf, size_t len, struct kx_chain *cha
         int dir_fd = chain->n ? chain->fds[chain->n - 1] : chain->root;
         struct kx_done *d = &done[*n_done];
         memset(d, 0, sizeof *d);
+        d->fd = -1;
         if (!put_path(chain, &nm, paths, paths_cap, paths_len, d))
             break;
         int ok;
@@ -335,7 +348,7 @@ int64_t karotte_extract_run(const uint8_t *buf, size_t len, struct kx_chain *cha
         if (file || link) {
             for (int again = 0; again < 2; again++) {
                 ok = file ? put_file(dir_fd, name, h + BLOCK, size, mode, chown_ids, uid, gid,
-                                     mtime, d)
+                                     mtime, count, d)
                           : put_symlink(dir_fd, name, target, chown_ids, uid, gid, mtime, d);
                 if (ok != THERE || again || !clear(dir_fd, name, &freed))
                     break;
@@ -368,11 +381,28 @@ int64_t karotte_extract_run(const uint8_t *buf, size_t len, struct kx_chain *cha
     return (int64_t)off;
 }
 
-void karotte_extract_hash(const uint8_t *buf, struct kx_done *done, size_t n) {
+size_t karotte_extract_finish(const uint8_t *buf, struct kx_done *done, size_t n,
+                              struct kx_count *count, int hash) {
+    size_t failed = 0;
     for (size_t i = 0; i < n; i++) {
+        struct kx_done *d = &done[i];
+        if (d->kind != KX_FILE)
+            continue;
+        const uint8_t *data = buf + d->data_off;
+        if (d->fd >= 0) {
+            struct timespec times[2] = {{d->mtime, 0}, {d->mtime, 0}};
+            if (write_all(d->fd, data, (size_t)d->size) != 0 || futimens(d->fd, times) != 0) {
+                d->err = errno;
+                if (!failed)
+                    failed = i + 1;
+            }
+            close(d->fd);
+            d->fd = -1;
+            __atomic_sub_fetch(&count->open, 1, __ATOMIC_RELAXED);
+        }
         unsigned int md_len = 0;
-        if (done[i].kind == KX_FILE)
-            EVP_Digest(buf + done[i].data_off, (size_t)done[i].size, done[i].sha256, &md_len,
-                       EVP_sha256(), NULL);
+        if (hash)
+            EVP_Digest(data, (size_t)d->size, d->sha256, &md_len, EVP_sha256(), NULL);
     }
+    return failed;
 }

@@ -20,9 +20,14 @@
  * each name new (O_CREAT|O_EXCL|O_NOFOLLOW, symlinkat, mkdirat), so it never follows a
  * link the image planted.
  *
- * Files are not hashed here: karotte_extract_hash hashes a run's files from the same
+ * Files are not hashed here: karotte_extract_finish hashes a run's files from the same
  * bytes, on the thread that keeps the hashes (karotte/images/tree.py's FileHashes), beside
- * the next run's writes. */
+ * the next run's writes. Where count->open_max allows, it writes their data there too:
+ * the run makes each file new, sized (ftruncate, so that a later entry that replaces it
+ * frees its bytes as extract.py counts them), owned and moded, and leaves its fd open for
+ * that thread, which writes the data, sets the mtime and closes it. Nothing reads a file
+ * during extraction, and a name replaced or whited out meanwhile only unlinks an inode
+ * still being written; the tree is read only once every run is finished. */
 #ifndef KAROTTE_EXTRACT_H
 #define KAROTTE_EXTRACT_H
 
@@ -39,6 +44,10 @@ struct kx_budget {
 /* What the layer counted so far (extract.py's entries, read, total), updated. */
 struct kx_count {
     int64_t entries, read, total;
+    /* Files whose data is written later (karotte_extract_finish) while fewer than
+     * open_max of them are open: 0 writes every file in the run. open is updated with
+     * atomics: the thread that finishes a run is not the one that runs the next. */
+    int64_t open_max, open;
 };
 
 /* The directories below the root that the current entry is in: fds[i] is the directory
@@ -60,11 +69,13 @@ struct kx_done {
     int64_t size;      /* files: bytes of data */
     uint64_t data_off; /* files: where the data starts in buf */
     int64_t mode;      /* directories: the tar's permission bits, set by Python at the end */
-    int64_t mtime;     /* directories: the tar's mtime, likewise */
+    int64_t mtime;     /* directories: the tar's mtime, likewise; files: set by the finish */
     uint32_t path_off, path_len;
     uint32_t kind;       /* KX_FILE, KX_SYMLINK or KX_DIR */
     uint32_t new_parent; /* its parent is not the entry's before it in this run */
-    uint8_t sha256[32];  /* files: the sha256 of the data, once karotte_extract_hash ran */
+    uint8_t sha256[32];  /* files: the sha256 of the data, once karotte_extract_finish ran */
+    int32_t fd;  /* files: left open, the data to write (karotte_extract_finish); else -1 */
+    int32_t err; /* files: the errno of the finish's failed write or futimens, else 0 */
 };
 
 /* Applies entries from buf[0:len] below chain; returns the bytes consumed (whole entries,
@@ -81,8 +92,13 @@ int64_t karotte_extract_run(const uint8_t *buf, size_t len, struct kx_chain *cha
                             size_t *n_done, uint8_t *paths, size_t paths_cap,
                             size_t *paths_len, size_t *need);
 
-/* The sha256 of each file of done[0:n] (whose data_off and size are in buf) into its
- * sha256. */
-void karotte_extract_hash(const uint8_t *buf, struct kx_done *done, size_t n);
+/* Each file of done[0:n] (whose data_off and size are in buf) finished: where the run
+ * left it open, its data written, its mtime set and its fd closed (count->open less; a
+ * failure's errno in err, the file then refused by Python); and, if hash, the sha256 of
+ * its data into its sha256, read while the write left the bytes in this core's cache.
+ * Each file once: its fd is -1 after. The index of the first file that failed, plus one;
+ * 0 where none did. */
+size_t karotte_extract_finish(const uint8_t *buf, struct kx_done *done, size_t n,
+                              struct kx_count *count, int hash);
 
 #endif

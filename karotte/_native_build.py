@@ -16,7 +16,7 @@ ffibuilder.cdef(
     struct kx_budget {
         int64_t max_entries, max_bytes, max_file_size, max_depth, max_path_bytes;
     };
-    struct kx_count { int64_t entries, read, total; };
+    struct kx_count { int64_t entries, read, total; int64_t open_max, open; };
     #define KX_CHAIN 256
     #define KX_PATH 4096
     struct kx_chain {
@@ -28,14 +28,15 @@ ffibuilder.cdef(
     struct kx_done {
         uint64_t ino; int64_t size; uint64_t data_off; int64_t mode; int64_t mtime;
         uint32_t path_off, path_len; uint32_t kind; uint32_t new_parent;
-        uint8_t sha256[32];
+        uint8_t sha256[32]; int32_t fd, err;
     };
     int64_t karotte_extract_run(const uint8_t *buf, size_t len, struct kx_chain *chain,
                                 int chown_ids, const struct kx_budget *budget,
                                 struct kx_count *count, struct kx_done *done,
                                 size_t max_done, size_t *n_done, uint8_t *paths,
                                 size_t paths_cap, size_t *paths_len, size_t *need);
-    void karotte_extract_hash(const uint8_t *buf, struct kx_done *done, size_t n);
+    size_t karotte_extract_finish(const uint8_t *buf, struct kx_done *done, size_t n,
+                                  struct kx_count *count, int hash);
 
     struct kt_entry {
         uint64_t ino; int64_t size; uint32_t mode; uint32_t uid, gid; uint32_t kind;

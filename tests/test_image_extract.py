@@ -925,3 +925,135 @@ def test_IMG_TAR_01_the_c_fast_path_refuses_what_extract_py_refuses_under_mutati
         for which in ("fast", "slow"):
             subprocess.run(["chmod", "-R", "u+rwx", tmp_path / f"{which}{i}"], check=True)
             shutil.rmtree(tmp_path / f"{which}{i}")
+
+
+# -- the C run's files finished by the thread that hashes them (FileHashes, Batch.finish)
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@needs_native
+def test_the_c_run_leaves_its_files_open_for_the_hashing_thread_and_every_fd_is_closed(
+        tmp_path, monkeypatch):
+    # 300 files in one directory, more than RLIMIT_NOFILE / 4 of them: the run leaves at
+    # most that many open for Batch.finish (writes the rest itself) and the tree is the
+    # one extract.py makes. Not one fd outlives the layer.
+    import resource
+    members = [folder("d")] + [reg(f"d/f{i}", os.urandom(i * 13), mtime=5_000 + i)
+                               for i in range(300)]
+    data = layer(*members).getvalue()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    left_open: list[int] = []
+    finish = fastpath.Batch.finish
+
+    def counting(batch):
+        raw = [batch._done[i] for i in range(batch._n)]
+        left_open.append(sum(1 for d in raw if d.kind == fastpath._FILE and d.fd >= 0))
+        assert batch._count.open <= batch._count.open_max
+        return finish(batch)
+
+    monkeypatch.setattr(fastpath.Batch, "finish", counting)
+    before = _open_fds()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        fast = _outcome(data, tmp_path / "fast", True)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert _open_fds() == before
+    assert fast[0] == "tree" and fast == _outcome(data, tmp_path / "slow", False)
+    assert sum(left_open) > 0 and max(left_open) <= 256 // 4, left_open
+
+
+_FULL_DISK = r"""
+import io, json, os, sys, tarfile
+from karotte.images.extract import LayerError, apply_layer
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w") as tar:
+    for i in range(40):
+        info = tarfile.TarInfo(f"f{i:02}"); info.size = 64 << 10
+        tar.addfile(info, io.BytesIO(os.urandom(info.size)))
+buf.seek(0)
+before = sorted(os.listdir("/proc/self/fd"))
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+try:
+    apply_layer(buf, fd, hashes={})
+    out = {"refused": None}
+except LayerError as exc:
+    out = {"refused": exc.rule, "detail": exc.detail}
+os.close(fd)
+out["fds_kept"] = sorted(os.listdir("/proc/self/fd")) == before
+print(json.dumps(out))
+"""
+
+
+@needs_native
+def test_IMG_WRITE_01_a_write_the_hashing_thread_does_that_fails_names_the_file(tmp_path):
+    # A 1 MiB tmpfs (of a user and mount namespace of this test's own) takes the files'
+    # names and sizes (ftruncate allocates nothing) but not 40 x 64 KiB of data: the
+    # write left to Batch.finish fails, and the layer is refused naming that file.
+    disk = tmp_path / "small"
+    disk.mkdir()
+    script = tmp_path / "full.py"
+    script.write_text(_FULL_DISK)
+    import sys
+    run = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+         f'mount -t tmpfs -o size=1m tmpfs "$1" && exec "$2" "$3" "$1"', "sh", str(disk),
+         sys.executable, str(script)],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(extract_module.__file__).parents[2])})
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["refused"] == "IMG-WRITE-01", out
+    assert out["detail"].startswith("f") and "No space left on device" in out["detail"], out
+    assert out["fds_kept"], out
+
+
+def test_file_hashes_runs_each_run_once_in_order_on_either_thread_even_after_an_error():
+    # FileHashes's contract, without a kernel in the way: every run is run exactly once
+    # (a run may hold open files), by the thread or by the extracting thread where it
+    # would wait (help, a full queue, close), and close() gives the results in order,
+    # then raises what a run raised.
+    import threading
+    ran: list[int] = []
+    threads: set[str] = set()
+    hashes: dict = {}
+    fh = tree_module.FileHashes(hashes)
+
+    def run(i: int):
+        def files():
+            ran.append(i)
+            threads.add(threading.current_thread().name)
+            if i == 150:
+                raise OSError(28, "No space left on device", "f150")
+            return [(i % 7, i, f"{i:064x}")]  # inodes used again: the later run wins
+        return files
+
+    started, gate = threading.Event(), threading.Event()
+
+    def first():
+        started.set()  # the thread has it: the queue fills while it waits
+        assert gate.wait(10)
+        return run(0)()
+
+    fh.later(first)
+    assert started.wait(10)
+    for i in range(1, 200):
+        fh.later(run(i))  # past the queue's room, this thread runs the oldest run itself
+        if i % 3 == 0:
+            fh.help()
+        if i == 100:
+            gate.set()
+    with pytest.raises(OSError) as info:
+        fh.close()
+    assert info.value.filename == "f150"
+    assert sorted(ran) == list(range(200))
+    assert threads == {"MainThread", "karotte-file-hash"}, threads
+
+    ok = tree_module.FileHashes(hashes := {})
+    for i in range(100):
+        ok.later(run(200 + i))
+    ok.close()
+    assert hashes == {ino: (size, f"{size:064x}") for ino, size in
+                      {(i % 7): i for i in range(200, 300)}.items()}

@@ -107,6 +107,10 @@ class BlobCopy:
                 raise self._error
         return item
 
+    def behind(self) -> bool:
+        """Whether no chunk is read and waiting (get() would wait)."""
+        return self._out.empty()
+
     def finish(self) -> str:
         """The digest of the whole blob ("sha256:<hex>"), every byte of it on disk."""
         self._join()
@@ -145,14 +149,23 @@ class Tee:
         self._src, self._copy = src, copy
         self._progress, self._total, self._done = progress, total, 0
         self._buf = memoryview(b"")
+        self._work: Callable[[], bool] | None = None
         if copy is not None:
             copy.start(src)
 
-    def _next(self) -> tuple[bytearray, int] | None:
+    def while_waiting(self, work: Callable[[], bool] | None) -> None:
+        """work() is called, while it says it did something, where the next chunk is not
+        read yet (instead of waiting for it at once); None: none."""
+        self._work = work
+
+    def _next(self) -> tuple[Any, int] | None:
         if self._copy is not None:
+            work = self._work
+            while work is not None and self._copy.behind() and work():
+                pass
             item = self._copy.get()
         else:
-            buf = bytearray(HEAD + CHUNK)
+            buf = chunk_buffer(HEAD + CHUNK)
             with memoryview(buf) as view:
                 n = self._src.readinto(view[HEAD:])
             item = (buf, n) if n else None

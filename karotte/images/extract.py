@@ -111,7 +111,8 @@ class _Layer(Whiteouts, TreeWalk):
         self.unprivileged = os.geteuid() != 0
         self.root = os.open(".", DIR_FLAGS, dir_fd=root_fd)  # our own fd and offset
         # Plain entries in C, where it is built and owners are None's or image_ids'.
-        self.fast = fastpath.Run(budget, self.root) if (
+        # Where hashes are kept, the thread that hashes a run's files writes them too.
+        self.fast = fastpath.Run(budget, self.root, defer=self.hashes is not None) if (
             native and fastpath.AVAILABLE and ids in (None, image_ids)) else None
         self.chain: list[tuple[bytes, int]] = []  # open fds of the current entry's parents
         self.raw = b""  # the entry being applied, as the tar names it
@@ -134,7 +135,11 @@ class _Layer(Whiteouts, TreeWalk):
             os.close(self.root)
         finally:
             if self.hashes is not None:
-                self.hashes.close()
+                try:
+                    self.hashes.close()
+                except OSError as exc:  # a file's deferred write (Batch.finish)
+                    raise self.refuse("IMG-WRITE-01", f"{escape(exc.filename)}: "
+                                      f"{exc.strerror}") from None
 
     def refuse(self, rule: str, detail: str) -> LayerError:
         return LayerError(capped(escape(self.raw), _ENTRY_TEXT_LIMIT) if self.raw else
@@ -148,6 +153,17 @@ class _Layer(Whiteouts, TreeWalk):
         except OSError as exc:
             raise self.refuse("IMG-WRITE-01", f"measuring the tree: {exc.strerror}") from None
         tar = TarReader(stream)
+        # Where the reads are behind, this thread hashes instead of waiting (FileHashes).
+        wait = getattr(stream, "while_waiting", None) if self.hashes is not None else None
+        if wait is not None:
+            wait(self.hashes.help)
+        try:
+            self._stream(tar)
+        finally:
+            if wait is not None:
+                wait(None)
+
+    def _stream(self, tar: TarReader) -> None:
         while True:
             try:
                 if self.fast is not None and tar.plain():
@@ -198,15 +214,16 @@ class _Layer(Whiteouts, TreeWalk):
                 return
 
     def _took(self, batch: fastpath.Batch) -> None:
-        """What a C run applied, recorded as _entry records its own."""
+        """What a C run applied, recorded as _entry records its own; its files finished
+        (written, where the run left them open, and hashed) by FileHashes."""
+        if self.hashes is not None:
+            self.hashes.later(batch.finish)  # first: the run's open files are its to close
         self.added.update(batch.paths)
         for path in batch.marks:
             self._hold(path.rpartition(b"/")[0])
         for d in batch.dirs:
             self.dirs[d.path] = (d.mode & 0o7777 & ~0o6000, d.mtime * 1_000_000_000)
             self._add(d.path)
-        if self.hashes is not None:
-            self.hashes.later(batch.hashes)
         self.raw = batch.paths[-1]
 
     def _parts(self, raw: bytes, rule: str, what: str) -> list[bytes]:

@@ -2,18 +2,22 @@
 directory, each in a directory of the chain of the entry before or one the run made)
 applied by csrc/extract.c through karotte._native, which stops, consuming nothing of it, at
 whatever extract.py must look at itself (csrc/extract.h says what, and why it never does
-what extract.py would refuse). The run's files are hashed by a second C call, from the
-same bytes, on the thread that keeps the hashes (Batch.hashes). Without the extension (an
-interpreter without cffi), AVAILABLE is False and extract.py applies every entry itself.
+what extract.py would refuse). The run's files are finished by a second C call, from the
+same bytes, on the thread that keeps the hashes (Batch.finish): their data written there
+(where the Run defers it: the C run leaves each new file open and sized) and hashed. Without
+the extension (an interpreter without cffi), AVAILABLE is False and extract.py applies every
+entry itself.
 """
 from __future__ import annotations
 
+import os
+import resource
 import struct
 from typing import Any, Iterator, NamedTuple
 
 try:
     from .._native import ffi, lib
-    AVAILABLE = hasattr(lib, "karotte_extract_hash")
+    AVAILABLE = hasattr(lib, "karotte_extract_finish")
 except ImportError:  # the system Python of an unprivileged import, without cffi
     ffi = lib = None
     AVAILABLE = False
@@ -26,9 +30,12 @@ CHAIN_PATH = 4096  # KX_PATH
 _FILE, _DIR = 0, 2  # KX_FILE, KX_DIR
 _new = ffi.new_allocator(should_clear_after_alloc=False) if AVAILABLE else None
 # struct kx_done as csrc/extract.h lays it out: ino, size, data_off, mode, mtime, path_off,
-# path_len, kind, new_parent, sha256, then the compiler's padding.
-_DONE = struct.Struct("=QqQqqIIII32s" + (
-    f"{ffi.sizeof('struct kx_done') - 88}x" if AVAILABLE else ""))
+# path_len, kind, new_parent, sha256, fd, err, then the compiler's padding.
+_DONE = struct.Struct("=QqQqqIIII32sii" + (
+    f"{ffi.sizeof('struct kx_done') - 96}x" if AVAILABLE else ""))
+# Files left open for Batch.finish at most: a quarter of the descriptors this process may
+# open (the trainer's own need the rest), and no more than a few runs' worth.
+_OPEN_MAX = 512
 
 
 class Dir(NamedTuple):
@@ -43,10 +50,10 @@ class Dir(NamedTuple):
 class Batch:
     """What one call applied: paths (every entry's, in order), marks (the other paths
     whose parent differs from the entry's before: extract.py's holds), dirs (made), and
-    the files to hash from the same bytes (hashes())."""
+    the files to finish from the same bytes (finish())."""
 
-    def __init__(self, view: memoryview, done: Any, n: int, paths: list[bytes]):
-        self._view, self._done, self._n = view, done, n
+    def __init__(self, view: memoryview, done: Any, n: int, paths: list[bytes], count: Any):
+        self._view, self._done, self._n, self._count = view, done, n, count
         self.paths = paths
         self.marks: list[bytes] = []
         self.dirs: list[Dir] = []
@@ -57,29 +64,41 @@ class Batch:
             elif d.new_parent:
                 self.marks.append(paths[i])
 
-    def hashes(self) -> "Batch":
-        """The batch's files hashed, in C without the GIL, from the bytes the run wrote
-        (never written again: views of the chunks read); itself, whose iteration gives
-        (inode, size, sha256 hex) of each file."""
+    def finish(self) -> "Batch":
+        """The batch's files finished, in C without the GIL, from the bytes the run read
+        (never written again: views of the chunks read): the data of those the run left
+        open written, their mtimes set and fds closed, and every file hashed; itself, whose
+        iteration gives (inode, size, sha256 hex) of each file. OSError (with the path)
+        where a file's write failed; every file is finished all the same. Once only."""
         with self._view:
-            lib.karotte_extract_hash(ffi.from_buffer(self._view), self._done, self._n)
+            failed = lib.karotte_extract_finish(ffi.from_buffer(self._view), self._done,
+                                                self._n, self._count, 1)
+        if failed:
+            err = self._done[failed - 1].err
+            raise OSError(err, os.strerror(err), self.paths[failed - 1])
         return self
 
     def __iter__(self) -> Iterator[tuple[int, int, str]]:
         raw = bytes(ffi.buffer(self._done, self._n * _DONE.size))
-        for ino, size, _, _, _, _, _, kind, _, sha in _DONE.iter_unpack(raw):
+        for ino, size, _, _, _, _, _, kind, _, sha, _, _ in _DONE.iter_unpack(raw):
             if kind == _FILE:
                 yield ino, size, sha.hex()
 
 
 class Run:
-    """The C side of one layer: its budget and counts, kept in C structs between calls."""
+    """The C side of one layer: its budget and counts, kept in C structs between calls.
+    defer: files' data written by Batch.finish (which the caller must call on every batch
+    with files), not by the run."""
 
-    def __init__(self, budget: Any, root: int):
+    def __init__(self, budget: Any, root: int, defer: bool):
         self._budget = ffi.new("struct kx_budget *", (
             budget.max_entries, budget.max_bytes, budget.max_file_size, budget.max_depth,
             budget.max_path_bytes))
         self._count = ffi.new("struct kx_count *")
+        if defer:
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            self._count.open_max = _OPEN_MAX if soft == resource.RLIM_INFINITY else \
+                max(0, min(_OPEN_MAX, soft // 4))
         self._chain = ffi.new("struct kx_chain *")
         self._chain.root = root
         self._paths = ffi.new("uint8_t[]", _PATHS)
@@ -115,5 +134,5 @@ class Run:
         if not n:
             return consumed, None, count.entries, count.read, count.total, need
         paths = bytes(ffi.buffer(self._paths, self._paths_len[0] - 1)).split(b"\0")
-        batch = Batch(view[:consumed], done, n, paths)
+        batch = Batch(view[:consumed], done, n, paths, count)
         return consumed, batch, count.entries, count.read, count.total, need

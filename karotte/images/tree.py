@@ -10,13 +10,13 @@ is read like any other.
 from __future__ import annotations
 
 import array
+import collections
 import contextlib
 import dataclasses
 import errno
 import hashlib
 import json
 import os
-import queue
 import re
 import stat
 import struct
@@ -99,25 +99,36 @@ class TreeEntry:
 class FileHashes:
     """The sha256 of each file extraction writes, into hashes (inode -> (size, hex)) when
     the layer is done (close), in the order the files were written (an inode freed and
-    used again takes the later file's hash). The C run's files (later) and a file of LARGE
-    bytes or more (update) are hashed by a thread of its own beside the writes: sha256
-    releases the GIL, and the data is never written again once read, so the views need no
-    copy; a smaller file written here is hashed at once, where a thread's hand-over would
-    cost more than the hash. The thread runs no Python per file: it keeps what each call
-    gives, and close() reads them into hashes, so it does not hold the GIL that the
-    extracting thread takes back after each of its C calls. At most _QUEUED items wait
-    for the thread, each a view that keeps its read buffer alive: 1 MiB, up to
-    fastpath.GROW more after reading on for an entry."""
+    used again takes the later file's hash).
+
+    The C run's files (later: each run finished whole, its deferred writes too, by one
+    call) and a file of LARGE bytes or more (update: chunk by chunk) are done by a thread
+    of its own beside the extraction: the C calls and sha256 release the GIL, and the data
+    is never written again once read, so the views need no copy. A smaller file written
+    here is hashed at once, where a thread's hand-over would cost more than the hash. The
+    thread runs no Python per file: it keeps what each call gives, and close() reads them
+    into hashes, so it does not hold the GIL that the extracting thread takes back after
+    each of its C calls.
+
+    At most _QUEUED items wait, each a view that keeps its read buffer alive (1 MiB, up to
+    fastpath.GROW more after reading on for an entry). The extracting thread never waits
+    while a run waits: where the queue is full, the reads are behind (help) or the layer
+    ends, it takes the oldest run and does it itself. A layer of small files leaves the
+    other core idle and one of large files leaves this one idle; either thread may take
+    any run. The chunks of one large file stay in order, on the thread."""
 
     LARGE = 16 << 10
     _QUEUED = 32
 
     def __init__(self, hashes: dict[int, tuple[int, str]]):
         self.hashes = hashes
-        self._queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue(self._QUEUED)
+        # ("run", files, box) or ("update", hashlib object, view); None: the end.
+        self._items: collections.deque[tuple[Any, ...] | None] = collections.deque()
+        self._changed = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        # In order: (inode, size, hashlib object) or what a later() call's files() gave.
+        # In order, appended by the extracting thread only: (inode, size, hashlib object),
+        # or a run's box, which gets what its files() gave once it ran.
         self._results: list[Any] = []
 
     def _start(self) -> None:
@@ -126,55 +137,91 @@ class FileHashes:
                                             daemon=True)
             self._thread.start()
 
+    def _put(self, item: tuple[Any, ...] | None) -> None:
+        self._start()
+        while len(self._items) >= self._QUEUED and self._one():
+            pass
+        with self._changed:
+            while len(self._items) >= self._QUEUED and item is not None:
+                self._changed.wait()  # only chunks of large files wait: the thread's
+            self._items.append(item)
+            self._changed.notify_all()
+
     def update(self, h: Any, size: int, view: memoryview) -> None:
         if size < self.LARGE:
             h.update(view)
             return
-        self._start()
-        self._queue.put((h, view))
+        self._put(("update", h, view))
 
     def done(self, h: Any, size: int, ino: int) -> None:
-        if self._thread is None:
-            self._results.append((ino, size, h))
-        else:
-            self._queue.put((h, None, size, ino))
+        """The file of h ends (its digest is read in close, after the thread's updates)."""
+        self._results.append((ino, size, h))
 
     def later(self, files: Callable[[], Iterable[tuple[int, int, str]]]) -> None:
-        """Files hashed on the thread, in order with the rest: files() hashes them and
-        gives what close() reads (inode, size, sha256 hex) of each from."""
-        self._start()
-        self._queue.put((files,))
+        """Files done on the thread (or here), in order with the rest: files() finishes
+        them and gives what close() reads (inode, size, sha256 hex) of each from."""
+        box: list[Any] = []
+        self._results.append(box)
+        self._put(("run", files, box))
+
+    def help(self) -> bool:
+        """Do the oldest waiting run here, in the extracting thread; whether there was one."""
+        return self._one()
+
+    def _one(self) -> bool:
+        """The oldest waiting run taken and run, in whichever thread; whether there was
+        one. Every run is run, an error before it or not: a run's files may be open, its
+        to close. What it raises is raised by close()."""
+        with self._changed:
+            for i, item in enumerate(self._items):
+                if item is not None and item[0] == "run":
+                    del self._items[i]
+                    self._changed.notify_all()
+                    break
+            else:
+                return False
+        self._do(item)
+        return True
+
+    def _do(self, item: tuple[Any, ...]) -> None:
+        try:
+            if item[0] == "run":
+                item[2].append(item[1]())
+            elif self._error is None:
+                item[1].update(item[2])
+        except BaseException as exc:  # raised by close(), in the extracting thread
+            if self._error is None:
+                self._error = exc
 
     def _run(self) -> None:
-        results = self._results
-        while (item := self._queue.get()) is not None:
-            if self._error is not None:
-                continue  # drained, so that no put waits on a thread that stopped
-            try:
-                if len(item) == 1:
-                    results.append(item[0]())
-                elif item[1] is not None:
-                    item[0].update(item[1])
-                else:
-                    results.append((item[3], item[2], item[0]))
-            except BaseException as exc:  # raised by close(), in the extracting thread
-                self._error = exc
+        while True:
+            with self._changed:
+                while not self._items:
+                    self._changed.wait()
+                item = self._items.popleft()
+                self._changed.notify_all()
+            if item is None:
+                return
+            self._do(item)
 
     def close(self) -> None:
         """Every hash queued, done and in hashes; what the thread raised, raised here."""
+        while self._one():  # the layer's last runs, on both threads
+            pass
         if self._thread is not None:
-            self._queue.put(None)
+            self._put(None)
             self._thread.join()
             self._thread = None
         if self._error is not None:
             error, self._error = self._error, None
+            self._results.clear()
             raise error
         hashes = self.hashes
         for result in self._results:
             if isinstance(result, tuple):
                 hashes[result[0]] = (result[1], result[2].hexdigest())
-            else:
-                for ino, size, digest in result:
+            else:  # an empty box: its run raised; the manifest's walk hashes its files
+                for ino, size, digest in (result[0] if result else ()):
                     hashes[ino] = (size, digest)
         self._results.clear()
 
