@@ -1057,3 +1057,40 @@ def test_file_hashes_runs_each_run_once_in_order_on_either_thread_even_after_an_
     ok.close()
     assert hashes == {ino: (size, f"{size:064x}") for ino, size in
                       {(i % 7): i for i in range(200, 300)}.items()}
+
+
+@needs_native
+def test_reads_through_the_blob_thread_join_only_what_an_entry_needs_and_make_the_same_tree(
+        tmp_path, monkeypatch):
+    # Files of 200-900 KB straddle the 1 MiB chunks of blobs.Tee: an entry cut by a
+    # chunk's end is joined with only as much of the next chunk as it needs (and HEAD
+    # more); the rest of that chunk is the next view, not copied. The tree and the hashes
+    # are those of the same layer read in one piece.
+    from karotte.images import blobs
+    rng = random.Random(9)
+    members = [folder("d")] + [reg(f"d/f{i}", rng.randbytes(rng.randrange(200_000, 900_000)))
+                               for i in range(40)]
+    data = layer(*members).getvalue()
+    joined: list[int] = []
+    join = blobs.Tee._join
+
+    def counting(self, rest, buf, at, end, want):
+        view = join(self, rest, buf, at, end, want)
+        joined.append(len(view))
+        return view
+
+    monkeypatch.setattr(blobs.Tee, "_join", counting)
+    results = []
+    copy = blobs.BlobCopy(None)
+    for name, stream in (("tee", blobs.Tee(io.BytesIO(data), copy, lambda done, total: None,
+                                           len(data))), ("whole", io.BytesIO(data))):
+        (tmp_path / name).mkdir()
+        t = Tree(tmp_path / name)
+        hashes: dict = {}
+        apply_layer(stream, t.fd, hashes=hashes, budget=LayerBudget(max_bytes=64 << 20))
+        results.append((manifest(t.fd, hashes), manifest(t.fd)))
+        os.close(t.fd)
+        t.untouched()
+    copy.close()
+    assert results[0] == results[1] and results[0][0] == results[0][1]
+    assert joined and max(joined) < blobs.CHUNK, joined  # never a whole chunk copied again

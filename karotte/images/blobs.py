@@ -150,6 +150,7 @@ class Tee:
         self._progress, self._total, self._done = progress, total, 0
         self._buf = memoryview(b"")
         self._work: Callable[[], bool] | None = None
+        self._kept: tuple[Any, int, int] | None = None  # take()'s: a chunk's bytes not yet joined
         if copy is not None:
             copy.start(src)
 
@@ -174,10 +175,20 @@ class Tee:
             self._progress(self._done, self._total)
         return item
 
-    def take(self, rest: memoryview) -> memoryview | None:
-        """rest, then the next chunk, as one read-only view (None at the end): rest goes
-        into the room before the chunk where it fits (the chunk is not copied)."""
+    def take(self, rest: memoryview, want: int = 0) -> memoryview | None:
+        """rest, then what follows it, as one read-only view (None at the end), of want
+        bytes at least where the stream has them (0: any). Nothing of a chunk is copied
+        where rest fits in the room before it; where rest does not (an entry that did not
+        fit in the chunk before), rest and only as much of the chunk as want and HEAD more
+        take are copied, and the chunk's other bytes are the next take's, which follow the
+        end of this view in the chunk itself."""
         assert not self._buf, "take() after read(): one way of reading per stream"
+        if self._kept is not None:
+            buf, at, end = self._kept  # buf's bytes [at, end): the next after the join
+            self._kept = None
+            if len(rest) <= at - HEAD:  # rest: the stream's bytes just before at, in buf too
+                return memoryview(buf)[at - len(rest):end].toreadonly()
+            return self._join(rest, buf, at, end, want)
         item = self._next()
         if item is None:
             return None
@@ -185,7 +196,13 @@ class Tee:
         if len(rest) <= HEAD:
             buf[HEAD - len(rest):HEAD] = rest
             return memoryview(buf)[HEAD - len(rest):HEAD + n].toreadonly()
-        return memoryview(bytes(rest) + memoryview(buf)[HEAD:HEAD + n])
+        return self._join(rest, buf, HEAD, HEAD + n, want)
+
+    def _join(self, rest: memoryview, buf: Any, at: int, end: int, want: int) -> memoryview:
+        upto = min(end, at + max(want - len(rest), 0) + HEAD)
+        if upto < end:
+            self._kept = (buf, upto, end)
+        return memoryview(bytes(rest) + memoryview(buf)[at:upto])
 
     def _fill(self) -> bool:
         item = self._next()
@@ -214,6 +231,7 @@ class Tee:
 
     def drain(self) -> None:
         self._buf = memoryview(b"")
+        self._kept = None
         while self._next() is not None:
             pass
 

@@ -103,15 +103,15 @@ class TarReader:
         self._global: dict[bytes, bytes] = {}
         self.started = False  # a first header was read
 
-    def _fill(self) -> bool:
-        """More of the stream after what is left of the chunk, in a new buffer (never
-        written again once filled: views of it are handed out and hashed by other
-        threads): the stream's next chunk read ahead where it has take(), else read into
-        one here."""
+    def _fill(self, want: int = 0) -> bool:
+        """More of the stream after what is left of the chunk (want bytes of it in all, if
+        the stream has them; 0: any more), in a new buffer (never written again once
+        filled: views of it are handed out and hashed by other threads): the stream's
+        next chunk read ahead where it has take(), else read into one here."""
         rest = self._chunk[self._at:]
         take = getattr(self._stream, "take", None)  # a stream read ahead (blobs.Tee)
         if take is not None:
-            chunk = take(rest)
+            chunk = take(rest, want)
             if chunk is None:
                 return False
             self._chunk, self._at = chunk, 0
@@ -129,7 +129,7 @@ class TarReader:
     def _take(self, n: int) -> bytes:
         """n bytes (fewer at the end of the stream)."""
         while len(self._chunk) - self._at < n:
-            if not self._fill():
+            if not self._fill(n):
                 break
         out = self._chunk[self._at:self._at + n]
         self._at += len(out)
@@ -171,7 +171,7 @@ class TarReader:
         self._skip(self._left)
         self._left = 0
         while len(self._chunk) - self._at < n:
-            if not self._fill():
+            if not self._fill(n):
                 return False
         return True
 
