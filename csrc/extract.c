@@ -113,19 +113,17 @@ static int split_name(const uint8_t *prefix, size_t prefix_len, const uint8_t *n
     return out->base != NULL;
 }
 
-/* Whether the parent of nm is the chain's first nm->parts directories. */
-static int parent_in_chain(const struct kx_name *nm, const struct kx_chain *chain) {
-    if (nm->parts > chain->n)
-        return 0;
-    size_t at = 0;
-    for (size_t i = 0; i < nm->parts; i++) {
+/* How many of the first directories of nm's parent the chain's first ones are. */
+static size_t in_chain(const struct kx_name *nm, const struct kx_chain *chain) {
+    size_t at = 0, i = 0;
+    for (; i < nm->parts && i < chain->n; i++) {
         size_t len = nm->part_len[i];
         if (at + len > chain->path_len || memcmp(chain->path + at, nm->part[i], len) != 0 ||
             (at + len < chain->path_len && chain->path[at + len] != '/'))
-            return 0;
+            break;
         at += len + 1;
     }
-    return 1;
+    return i;
 }
 
 /* The chain cut back to its first n directories (those below closed). */
@@ -138,6 +136,43 @@ static void leave(struct kx_chain *chain, size_t n) {
         at = slash ? (size_t)(slash - chain->path) + 1 : chain->path_len + 1;
     }
     chain->path_len = n ? at - 1 : 0;
+}
+
+/* The directory fd appended to the chain as its component name[0:len]. */
+static void push(struct kx_chain *chain, int fd, const uint8_t *name, size_t len) {
+    chain->fds[chain->n++] = fd;
+    if (chain->path_len)
+        chain->path[chain->path_len++] = '/';
+    memcpy(chain->path + chain->path_len, name, len);
+    chain->path_len += len;
+}
+
+/* The chain made nm's parent: cut back to the first `common` directories, which it shares,
+ * then each further one opened below, a directory already there (O_NOFOLLOW: never through
+ * a symlink) with owner rwx (else extract.py, which opens one up when unprivileged). 0
+ * where one is missing, is not such a directory or does not fit: extract.py does that
+ * entry, from the chain as it is then (each fd the directory of its path). */
+static int reach(struct kx_chain *chain, const struct kx_name *nm, size_t common) {
+    leave(chain, common);
+    for (size_t i = common; i < nm->parts; i++) {
+        size_t len = nm->part_len[i];
+        char part[256];
+        if (chain->n == KX_CHAIN || chain->path_len + 1 + len > KX_PATH || len >= sizeof part)
+            return 0;
+        memcpy(part, nm->part[i], len);
+        part[len] = 0;
+        int parent = chain->n ? chain->fds[chain->n - 1] : chain->root;
+        int fd = openat(parent, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+            return 0;
+        struct stat st;
+        if (fstat(fd, &st) != 0 || (st.st_mode & 0700) != 0700) {
+            close(fd);
+            return 0;
+        }
+        push(chain, fd, nm->part[i], len);
+    }
+    return 1;
 }
 
 static int owner(int chown_ids, int64_t uid, int64_t gid, uid_t *u, gid_t *g) {
@@ -313,7 +348,7 @@ int64_t karotte_extract_run(const uint8_t *buf, size_t len, struct kx_chain *cha
             break;
         char name[256], target[101];
         if (!split_name(h + 345, prefix_len, h, name_len, budget, &nm) ||
-            nm.base_len >= sizeof name || !parent_in_chain(&nm, chain))
+            nm.base_len >= sizeof name)
             break;
         memcpy(name, nm.base, nm.base_len);
         name[nm.base_len] = 0;
@@ -334,7 +369,10 @@ int64_t karotte_extract_run(const uint8_t *buf, size_t len, struct kx_chain *cha
             memcpy(target, h + 157, target_len);
             target[target_len] = 0;
         }
-        leave(chain, nm.parts);
+        size_t common = in_chain(&nm, chain);
+        int moved = common < nm.parts; /* a parent below the chain's: reached, opened */
+        if (moved ? !reach(chain, &nm, common) : (leave(chain, nm.parts), 0))
+            break;
         if (dir && (chain->n == KX_CHAIN || chain->path_len + 1 + nm.base_len > KX_PATH))
             break;
         int dir_fd = chain->n ? chain->fds[chain->n - 1] : chain->root;
@@ -358,19 +396,14 @@ int64_t karotte_extract_run(const uint8_t *buf, size_t len, struct kx_chain *cha
             d->data_off = off + BLOCK;
         } else {
             int fd = put_dir(dir_fd, name, chown_ids, uid, gid, mode, mtime, d);
-            if ((ok = fd >= 0)) { /* the entries a tar lists after a directory are its own */
-                chain->fds[chain->n++] = fd;
-                if (chain->path_len)
-                    chain->path[chain->path_len++] = '/';
-                memcpy(chain->path + chain->path_len, nm.base, nm.base_len);
-                chain->path_len += nm.base_len;
-            }
+            if ((ok = fd >= 0)) /* the entries a tar lists after a directory are its own */
+                push(chain, fd, nm.base, nm.base_len);
         }
         if (!ok) {
             *paths_len = d->path_off;
             break;
         }
-        d->new_parent = nm.parts != last_parent;
+        d->new_parent = moved || nm.parts != last_parent;
         last_parent = dir ? (size_t)-1 : nm.parts;
         if (file)
             count->read += size, count->total += size;

@@ -1,7 +1,9 @@
 /* The plain entries of a layer tar, applied in C: karotte/images/extract.py hands over
  * the bytes it has read and the chain of directories its last entry was in; this applies
  * the run of entries that follow, each a regular file, a symlink or a new directory whose
- * parent is a directory of that chain (or a directory this run made), and stops,
+ * parent is a directory of that chain, one this run made, or one already there below
+ * them that the run opens itself (O_DIRECTORY|O_NOFOLLOW, a directory with owner rwx:
+ * Python opens up one without, when unprivileged), and stops,
  * consuming nothing of it, at the first entry that is anything else. Python then applies
  * (or refuses) that entry with every rule of extract.py, and calls again.
  *
@@ -9,14 +11,15 @@
  * would look at twice stops the run: a header that is not one plain ustar or GNU block
  * with octal numbers and a good checksum; any other type (hard links, devices, extended
  * headers); a name with a ".." component, a component starting with ".wh.", a parent
- * that is not in the chain, no name at all; a size, a count, a depth or a length over the
+ * that is missing, not a directory, a symlink or without owner rwx, no name at all; a size, a count, a depth or a length over the
  * budget; an entry whose data is not all in buf (*need says how many bytes it takes, so
  * that the caller can read on and call again); a directory already there where a file or
  * a symlink goes, or any name already there where a directory goes (Python removes a
  * directory whole, fd-relative, and merges a directory over a directory); any syscall
  * that fails. A file or a symlink already there is unlinked first (fstatat, unlinkat: its
- * bytes freed as extract.py's _clear frees them), then the name is made new. It writes only below the chain's directories, which Python
- * opened component by component without following links or this run made new, and makes
+ * bytes freed as extract.py's _clear frees them), then the name is made new. It writes
+ * only below the chain's directories, which Python or this run opened component by
+ * component without following links, or this run made new, and makes
  * each name new (O_CREAT|O_EXCL|O_NOFOLLOW, symlinkat, mkdirat), so it never follows a
  * link the image planted.
  *

@@ -838,9 +838,10 @@ def test_the_c_fast_path_reads_on_for_an_entry_across_reads_and_replaces_what_is
         by_python.append(m.name), file(self, tar, m, dirs, name))[1])
     fast = _outcome(data, tmp_path / "fast", True, then=then, budget=budget)
     assert fast[0] == "tree"
-    # extract.py wrote only the file over GROW (each time), the second layer's first
-    # entry (in a lower directory, not yet in the chain) and the file on a directory
-    assert sorted(by_python) == [b"big/dir", b"big/f0", b"big/huge", b"big/huge"], by_python
+    # extract.py wrote only the file over GROW (each time) and the file on a directory;
+    # the second layer's first entry, in a lower directory not yet in the chain, is the
+    # C run's (it opens that directory itself)
+    assert sorted(by_python) == [b"big/dir", b"big/huge", b"big/huge"], by_python
     assert fast == _outcome(data, tmp_path / "slow", False, then=then, budget=budget)
 
 
@@ -854,10 +855,32 @@ def test_the_c_run_makes_the_directories_and_symlinks_of_a_fresh_layer_itself(tr
         monkeypatch.setattr(extract_module._Layer, step, lambda self, *a, _o=original: (
             by_python.append(self.raw), _o(self, *a))[1])
     tree.apply(*_nested_entries()[:12])
-    # n/a/b/deep (a parent the chain has left) and what follows it in its directory
-    assert by_python == [b"n/a/b/deep/"], by_python
+    # n/a/b/deep too, whose parent the chain had left for n/c and the root: the run opens
+    # n, n/a and n/a/b again itself
+    assert by_python == [], by_python
     assert [e.path for e in manifest(tree.fd)][:6] == [".", "n", "n/a", "n/a/b", "n/a/b/deep",
                                                        "n/a/b/deep/j"]
+
+
+@needs_native
+def test_the_c_run_opens_a_lower_directory_itself_but_leaves_what_it_must_not_reach(
+        tree, monkeypatch):
+    # Below a directory of a lower layer with owner rwx the run opens it (O_NOFOLLOW) and
+    # writes; a missing parent (made by extract.py), one without owner rwx (which
+    # extract.py opens up when unprivileged) and a symlink (refused) are extract.py's.
+    tree.apply(folder("ok"), folder("ro", 0o555), sym("link", "ok"), reg("top", b"t"))
+    by_python: list[bytes] = []
+    original = extract_module._Layer._file
+    monkeypatch.setattr(extract_module._Layer, "_file", lambda self, *a: (
+        by_python.append(self.raw), original(self, *a))[1])
+    tree.apply(reg("top", b"again"), reg("ok/x", b"x"), reg("ok/x2", b"x2"),
+               reg("ro/y", b"y"), reg("missing/z", b"z"), reg("ok/x3", b"x3"))
+    assert by_python == [b"ro/y", b"missing/z"], by_python
+    assert {p: (tree.path / p).read_bytes() for p in ("top", "ok/x", "ok/x3", "ro/y",
+                                                      "missing/z")} == {
+        "top": b"again", "ok/x": b"x", "ok/x3": b"x3", "ro/y": b"y", "missing/z": b"z"}
+    tree.refused("IMG-SYMLINK-01", reg("top", b"3"), reg("link/w", b"w"))
+    assert sorted(os.listdir(tree.path / "ok")) == ["x", "x2", "x3"]
 
 
 @needs_native

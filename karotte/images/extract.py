@@ -42,7 +42,7 @@ Why a layer cannot write outside the tree or plant anything the tree must not ho
   LayerError (IMG-TAR-01); so does an entry the host cannot write (IMG-WRITE-01). Nothing but
   LayerError comes out of what a tar contains. ids's own exceptions pass through.
 
-Runs of plain entries (a file or a symlink in the directory of the entry before) are
+Runs of plain entries (a file, a symlink or a new directory in a directory already there) are
 applied by csrc/extract.c where karotte._native is built (karotte/images/fastpath.py): it
 stops, consuming nothing, at whatever these rules must look at, which is then applied
 here; the tree is the same either way (apply_layer's native=False).
@@ -486,8 +486,8 @@ def apply_layer(stream: BinaryIO, root_fd: int, *, budget: LayerBudget = LayerBu
     Returns the bytes of the regular files in the tree after the layer (each inode once),
     which the next layer's call may take as tree_bytes instead of measuring the tree.
 
-    native: runs of plain entries (files and symlinks in the directory of the entry
-    before) go to csrc/extract.c where the extension is built and ids is None or
+    native: runs of plain entries (files, symlinks and new directories in directories
+    already there) go to csrc/extract.c where the extension is built and ids is None or
     image_ids; False applies every entry here (the tree is the same).
     """
     layer = _Layer(root_fd, budget, ids, hashes, native)

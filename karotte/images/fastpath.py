@@ -1,5 +1,6 @@
 """extract.py's fast path: runs of plain entries (a regular file, a symlink or a new
-directory, each in a directory of the chain of the entry before or one the run made)
+directory, each in a directory of the chain of the entry before, one the run made, or one
+already there that the run opens without following links)
 applied by csrc/extract.c through karotte._native, which stops, consuming nothing of it, at
 whatever extract.py must look at itself (csrc/extract.h says what, and why it never does
 what extract.py would refuse). The run's files are finished by a second C call, from the
