@@ -196,6 +196,10 @@ static int write_all(int fd, const uint8_t *data, size_t n) {
     return 0;
 }
 
+/* Files left open for karotte_extract_finish by every run of this process: open_max
+ * bounds these, so that imports in threads of one process share its descriptors. */
+static int64_t open_all;
+
 #define THERE 2 /* put_file's and put_symlink's: the name is taken (clear it, then again) */
 
 /* What a lower layer (or an earlier entry) left at base, unless a directory, unlinked as
@@ -225,7 +229,7 @@ static int put_file(int dir_fd, const char *base, const uint8_t *data, int64_t s
     if (fd < 0)
         return errno == EEXIST ? THERE : 0;
     int defer = count->open_max > 0 &&
-                __atomic_load_n(&count->open, __ATOMIC_RELAXED) < count->open_max;
+                __atomic_load_n(&open_all, __ATOMIC_RELAXED) < count->open_max;
     uid_t u;
     gid_t g;
     struct timespec times[2] = {{mtime, 0}, {mtime, 0}};
@@ -245,6 +249,7 @@ static int put_file(int dir_fd, const char *base, const uint8_t *data, int64_t s
     if (defer) {
         done->fd = fd;
         __atomic_add_fetch(&count->open, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&open_all, 1, __ATOMIC_RELAXED);
     } else {
         close(fd);
     }
@@ -432,6 +437,7 @@ size_t karotte_extract_finish(const uint8_t *buf, struct kx_done *done, size_t n
             close(d->fd);
             d->fd = -1;
             __atomic_sub_fetch(&count->open, 1, __ATOMIC_RELAXED);
+            __atomic_sub_fetch(&open_all, 1, __ATOMIC_RELAXED);
         }
         unsigned int md_len = 0;
         if (hash)

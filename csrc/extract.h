@@ -48,8 +48,9 @@ struct kx_budget {
 struct kx_count {
     int64_t entries, read, total;
     /* Files whose data is written later (karotte_extract_finish) while fewer than
-     * open_max of them are open: 0 writes every file in the run. open is updated with
-     * atomics: the thread that finishes a run is not the one that runs the next. */
+     * open_max are open in the whole process (every run's): 0 writes every file in the
+     * run. open (this layer's) is updated with atomics: the thread that finishes a run is
+     * not the one that runs the next. */
     int64_t open_max, open;
 };
 

@@ -1117,3 +1117,49 @@ def test_reads_through_the_blob_thread_join_only_what_an_entry_needs_and_make_th
     copy.close()
     assert results[0] == results[1] and results[0][0] == results[0][1]
     assert joined and max(joined) < blobs.CHUNK, joined  # never a whole chunk copied again
+
+
+@needs_native
+def test_a_hashing_thread_that_cannot_start_leaves_no_fd_open_and_its_error_is_the_one(
+        tree, monkeypatch):
+    # A trainer at its pids limit: the layer's first run (its files left open) cannot go
+    # to a thread. The run is finished here, nothing stays open, and the error raised is
+    # the thread's own, not one of close() after it.
+    import threading
+
+    def cannot(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", cannot)
+    before = _open_fds()
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        apply_layer(layer(folder("d"), *[reg(f"d/f{i}", b"x" * i) for i in range(50)]),
+                    tree.fd, hashes={})
+    assert _open_fds() == before
+    assert all((tree.path / "d" / f"f{i}").read_bytes() == b"x" * i for i in range(50)
+               if (tree.path / "d" / f"f{i}").exists())
+
+
+@needs_native
+def test_a_layer_refused_while_a_deferred_write_fails_is_refused_by_its_own_rule(
+        tree, monkeypatch):
+    # The layer's refusal (IMG-SYMLINK-01) is the error reported, not IMG-WRITE-01 of a
+    # write that failed on the hashing thread meanwhile; alone, that write refuses it.
+    finish = fastpath.Batch.finish
+
+    def failing(batch):
+        finish(batch)
+        raise OSError(28, "No space left on device", batch.paths[0])
+
+    monkeypatch.setattr(fastpath.Batch, "finish", failing)
+    tree.apply(folder("ok"))
+
+    def refused(*members: tuple) -> LayerError:
+        with pytest.raises(LayerError) as info:
+            apply_layer(layer(*members), tree.fd, hashes={})
+        return info.value
+
+    assert refused(sym("link", "ok"), reg("f", b"f"), reg("link/w", b"w")).rule == \
+        "IMG-SYMLINK-01"
+    error = refused(reg("g", b"g"))
+    assert (error.rule, error.detail) == ("IMG-WRITE-01", "g: No space left on device")

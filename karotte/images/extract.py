@@ -127,7 +127,9 @@ class _Layer(Whiteouts, TreeWalk):
             self.dirs[b""] = (mode, None)
             os.fchmod(self.root, mode | 0o700)
 
-    def close(self) -> None:
+    def close(self, failing: bool = False) -> None:
+        """The layer's fds closed and its hashes in; failing: the layer already raised,
+        whose error is the one to report (the hashes' own, if any, is dropped)."""
         try:
             for _, fd in self.chain:
                 os.close(fd)
@@ -138,8 +140,12 @@ class _Layer(Whiteouts, TreeWalk):
                 try:
                     self.hashes.close()
                 except OSError as exc:  # a file's deferred write (Batch.finish)
-                    raise self.refuse("IMG-WRITE-01", f"{escape(exc.filename)}: "
-                                      f"{exc.strerror}") from None
+                    if not failing:
+                        raise self.refuse("IMG-WRITE-01", f"{escape(exc.filename)}: "
+                                          f"{exc.strerror}") from None
+                except BaseException:
+                    if not failing:
+                        raise
 
     def refuse(self, rule: str, detail: str) -> LayerError:
         return LayerError(capped(escape(self.raw), _ENTRY_TEXT_LIMIT) if self.raw else
@@ -493,6 +499,8 @@ def apply_layer(stream: BinaryIO, root_fd: int, *, budget: LayerBudget = LayerBu
     layer = _Layer(root_fd, budget, ids, hashes, native)
     try:
         layer.run(stream, tree_bytes)
-    finally:
-        layer.close()
+    except BaseException:
+        layer.close(failing=True)
+        raise
+    layer.close()
     return layer.total

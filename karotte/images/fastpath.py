@@ -34,8 +34,9 @@ _new = ffi.new_allocator(should_clear_after_alloc=False) if AVAILABLE else None
 # path_len, kind, new_parent, sha256, fd, err, then the compiler's padding.
 _DONE = struct.Struct("=QqQqqIIII32sii" + (
     f"{ffi.sizeof('struct kx_done') - 96}x" if AVAILABLE else ""))
-# Files left open for Batch.finish at most: a quarter of the descriptors this process may
-# open (the trainer's own need the rest), and no more than a few runs' worth.
+# Files left open for Batch.finish at most, by every import of the process at once: a
+# quarter of the descriptors it may open (the trainer's own need the rest), and no more
+# than a few runs' worth.
 _OPEN_MAX = 512
 
 
@@ -134,6 +135,11 @@ class Run:
         n, need = self._n[0], self._need[0]
         if not n:
             return consumed, None, count.entries, count.read, count.total, need
-        paths = bytes(ffi.buffer(self._paths, self._paths_len[0] - 1)).split(b"\0")
-        batch = Batch(view[:consumed], done, n, paths, count)
+        try:
+            paths = bytes(ffi.buffer(self._paths, self._paths_len[0] - 1)).split(b"\0")
+            batch = Batch(view[:consumed], done, n, paths, count)
+        except BaseException:  # the run's open files are written and closed all the same
+            with view:
+                lib.karotte_extract_finish(ffi.from_buffer(view), done, n, count, 0)
+            raise
         return consumed, batch, count.entries, count.read, count.total, need

@@ -133,9 +133,10 @@ class FileHashes:
 
     def _start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="karotte-file-hash",
-                                            daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._run, name="karotte-file-hash",
+                                      daemon=True)
+            thread.start()
+            self._thread = thread  # only once it runs: close() joins it
 
     def _put(self, item: tuple[Any, ...] | None) -> None:
         self._start()
@@ -162,7 +163,15 @@ class FileHashes:
         them and gives what close() reads (inode, size, sha256 hex) of each from."""
         box: list[Any] = []
         self._results.append(box)
-        self._put(("run", files, box))
+        item = ("run", files, box)
+        try:
+            self._put(item)
+        except BaseException:  # no thread, or interrupted: the run may hold open files
+            with self._changed:
+                queued = any(i is item for i in self._items)
+            if not queued:
+                self._do(item)
+            raise
 
     def help(self) -> bool:
         """Do the oldest waiting run here, in the extracting thread; whether there was one."""
