@@ -11,12 +11,12 @@
  * would look at twice stops the run: a header that is not one plain ustar or GNU block
  * with octal numbers and a good checksum; any other type (hard links, devices, extended
  * headers); a name with a ".." component, a component starting with ".wh.", a parent
- * that is missing, not a directory, a symlink or without owner rwx, no name at all; a size, a count, a depth or a length over the
- * budget; an entry whose data is not all in buf (*need says how many bytes it takes, so
- * that the caller can read on and call again); a directory already there where a file or
- * a symlink goes, or any name already there where a directory goes (Python removes a
- * directory whole, fd-relative, and merges a directory over a directory); any syscall
- * that fails. A file or a symlink already there is unlinked first (fstatat, unlinkat: its
+ * that is missing, not a directory, a symlink or without owner rwx, no name at all; a
+ * size, a count, a depth or a length over the budget; an entry whose data is not all in
+ * buf (*need says how many bytes it takes, so that the caller can read on and call
+ * again); a directory already there where a file or a symlink goes, or any name already
+ * there where a directory goes (Python removes a directory whole, fd-relative, and merges
+ * a directory over a directory); any syscall that fails. A file or a symlink already there is unlinked first (fstatat, unlinkat: its
  * bytes freed as extract.py's _clear frees them), then the name is made new. It writes
  * only below the chain's directories, which Python or this run opened component by
  * component without following links, or this run made new, and makes

@@ -61,8 +61,8 @@ class BlobCopy:
     (unless path is None) written to path (new), then handed to the importing thread
     (get): the read, sha256 and write(2) release the GIL and run beside the extraction of
     the chunks read before. Each chunk is a new buffer (chunk_buffer) with HEAD bytes of
-    room before it, never written again by this thread once handed on. finish() is the blob's digest, its
-    data synced, once every chunk was taken."""
+    room before it, never written again by this thread once handed on. finish() is the
+    blob's digest, its data synced, once every chunk was taken."""
 
     def __init__(self, path: str | None):
         self.path = path
@@ -150,7 +150,7 @@ class Tee:
         self._progress, self._total, self._done = progress, total, 0
         self._buf = memoryview(b"")
         self._work: Callable[[], bool] | None = None
-        self._kept: tuple[Any, int, int] | None = None  # take()'s: a chunk's bytes not yet joined
+        self._kept: tuple[Any, int, int] | None = None  # take(): a chunk's rest, unjoined
         if copy is not None:
             copy.start(src)
 
