@@ -140,7 +140,7 @@ class FileHashes:
 
     def _put(self, item: tuple[Any, ...] | None) -> None:
         self._start()
-        while len(self._items) >= self._QUEUED and self._one():
+        while len(self._items) >= self._QUEUED and self.help():
             pass
         with self._changed:
             while len(self._items) >= self._QUEUED and item is not None:
@@ -174,13 +174,9 @@ class FileHashes:
             raise
 
     def help(self) -> bool:
-        """Do the oldest waiting run here, in the extracting thread; whether there was one."""
-        return self._one()
-
-    def _one(self) -> bool:
-        """The oldest waiting run taken and run, in whichever thread; whether there was
-        one. Every run is run, an error before it or not: a run's files may be open, its
-        to close. What it raises is raised by close()."""
+        """The oldest waiting run taken and done here, in the extracting thread; whether
+        there was one. Every run is run, an error before it or not: a run's files may be
+        open, its to close. What it raises is raised by close()."""
         with self._changed:
             for i, item in enumerate(self._items):
                 if item is not None and item[0] == "run":
@@ -215,7 +211,7 @@ class FileHashes:
 
     def close(self) -> None:
         """Every hash queued, done and in hashes; what the thread raised, raised here."""
-        while self._one():  # the layer's last runs, on both threads
+        while self.help():  # the layer's last runs, on both threads
             pass
         if self._thread is not None:
             self._put(None)
