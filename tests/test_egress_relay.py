@@ -1,22 +1,26 @@
-"""The proxy's relay once a request or tunnel is checked: long bodies and tunnels move by
-splice(2) between the sockets (karotte/egress/proxy.py, _Splice), and must arrive exactly
-as sent, in order, metered; and a sandbox's listeners are served without a round trip to
+"""The proxy's relay once a request or tunnel is checked: long bodies and tunnels move
+socket to socket past the streams, through a buffer of the proxy thread's (karotte/egress/
+proxy.py, _Relay), and must arrive exactly as sent, in order, metered, with a buffer held
+only while bytes are on their way; and a sandbox's listeners are served without a round trip to
 the proxy's loop (karotte/egress/server.py), each by its own session only."""
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import os
 import socket
 import threading
+import time
 
 from egress_servers import Gateway, file_server
 from karotte.egress import EgressLimits
+from karotte.egress.proxy import BUFFER
 from test_egress_attacks import connect, curl, read_all, read_response
 from test_egress_policy import client_hello
 
 NAMES = {"files.test": ["127.0.0.1"]}
-SIZE = 3_000_000  # well past SPLICE_AT_LEAST, several pipes' worth
+SIZE = 3_000_000  # well past RELAY_AT_LEAST, several buffers' worth
 
 
 @contextlib.contextmanager
@@ -113,7 +117,7 @@ def test_a_body_begun_with_its_head_goes_on_in_order():
         session, proxy, _ = gw.serve([f"files.test:{port}", f"127.0.0.1:{port}"])
         host = f"files.test:{port}"
         with connect(proxy) as sock:
-            for _ in range(2):  # the second on the same connections, after a spliced one
+            for _ in range(2):  # the second on the same connections, after a relayed one
                 sock.sendall(f"GET http://{host}/ HTTP/1.1\r\nHost: {host}\r\n\r\n"
                              .encode())
                 assert read_response(sock)[1] == body
@@ -188,6 +192,72 @@ def test_EGRESS_FLOOD_01_a_tunnel_past_the_total_is_cut_and_counted_to_the_limit
         (reach,) = session.record().reaches
         assert (reach.allowed, reach.reason) == (True, "bytes_total")
         assert reach.bytes_sent + reach.bytes_received <= 1_000_000
+
+
+def buffers_held(gw) -> int:
+    """How many relay buffers the proxy's thread holds now (asked on its loop)."""
+    from karotte.egress import proxy as relay
+    done: concurrent.futures.Future = concurrent.futures.Future()
+    gw.proxy.loop.call_soon_threadsafe(lambda: done.set_result(relay._buffers.held))
+    return done.result(10)
+
+
+def until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "not within the timeout"
+        time.sleep(0.01)
+
+
+def open_tunnel(proxy, port):
+    """A socket with a tunnel open to files.test:port, past its ClientHello."""
+    sock = connect(proxy)
+    sock.sendall(f"CONNECT files.test:{port} HTTP/1.1\r\nHost: files.test:{port}\r\n\r\n"
+                 .encode())
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        reply += sock.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 200"), reply
+    sock.sendall(client_hello("files.test"))
+    return sock
+
+
+def test_an_idle_tunnel_holds_no_buffer_and_a_stalled_one_holds_one():
+    """Memory: a buffer is the relay's from a read to the end of its send. Open tunnels
+    that carried bytes and wait hold none; a tunnel whose far end stops reading holds one
+    (the read it cannot send yet), and gives it back when it is cut."""
+    stalled = threading.Event()
+
+    def swallow_nothing(conn):  # takes the connection and never reads it
+        with conn:
+            stalled.wait(30)
+
+    with echo_server() as echo, serving(socket.create_server(("127.0.0.1", 0)),
+                                        swallow_nothing) as sink, Gateway(NAMES) as gw:
+        _, proxy, _ = gw.serve([f"files.test:{p}" for p in (echo, sink)]
+                               + [f"127.0.0.1:{p}" for p in (echo, sink)])
+        idle = [open_tunnel(proxy, echo) for _ in range(8)]
+        try:
+            for sock in idle:  # hello's echo, then a megabyte there and back
+                payload = os.urandom(1 << 20)
+                sock.sendall(payload)
+                got = b""
+                while len(got) < len(client_hello("files.test")) + len(payload):
+                    got += sock.recv(1 << 20)
+            until(lambda: buffers_held(gw) == 0)
+            with open_tunnel(proxy, sink) as sock:
+                sock.setblocking(False)
+                sent = 0
+                with contextlib.suppress(BlockingIOError):  # until every buffer is full
+                    while sent < 64 * BUFFER:
+                        sent += sock.send(bytes(BUFFER))
+                until(lambda: buffers_held(gw) == 1)
+            stalled.set()
+            until(lambda: buffers_held(gw) == 0)
+        finally:
+            stalled.set()
+            for sock in idle:
+                sock.close()
 
 
 def test_a_listener_closed_and_its_number_reused_serves_only_the_new_session(tmp_path):

@@ -10,9 +10,10 @@ sandbox's Meter; every request or tunnel is one entry of its Log.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
+import socket
 import ssl
+import threading
 import time
 import urllib.parse
 
@@ -390,11 +391,11 @@ class _Client:
                      length: int) -> None:
         """A body as framing() said ("close": a tunnel's stream too) from the source
         connection (its reader and writer) to writer. A long one between two plain TCP
-        sockets moves by splice(2) through a pipe, never through Python's memory; the
-        rest (short and chunked bodies, TLS to an upstream) through the streams."""
-        if (kind == "close" or (kind == "length" and length >= SPLICE_AT_LEAST)) \
+        sockets moves socket to socket, past the streams (_Relay); the rest (short and
+        chunked bodies, TLS to an upstream) through the streams."""
+        if (kind == "close" or (kind == "length" and length >= RELAY_AT_LEAST)) \
                 and _plain_socket(source) and _plain_socket(writer):
-            await _Splice(self, reader, source, writer, entry, up).run(
+            await _Relay(self, reader, source, writer, entry, up).run(
                 None if kind == "close" else length)
         else:
             await relay_body(reader, self._sender(writer, entry, up), kind, length)
@@ -425,10 +426,30 @@ class _Client:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-# --- the zero-copy relay ----------------------------------------------------------
-SPLICE_AT_LEAST = 256 * 1024  # a shorter body is not worth a pipe and four fds
-PIPE_SIZE = 1024 * 1024  # fs.pipe-max-size's default: up to 1 MiB per splice, per wakeup
-_MOVE = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+# --- the socket relay ------------------------------------------------------------
+RELAY_AT_LEAST = 256 * 1024  # a shorter body is not worth taking the sockets over
+KEEP_BUFFERS = 4  # a thread's idle buffers kept for the next read (BUFFER each)
+
+
+class _Buffers(threading.local):
+    """Each proxy thread's buffers of BUFFER bytes. A relay holds one only from a read to
+    the end of its send, so an idle tunnel holds none."""
+
+    def __init__(self):
+        self.free: list[bytearray] = []
+        self.held = 0  # taken and not given back: one per relay with bytes on their way
+
+    def take(self) -> bytearray:
+        self.held += 1
+        return self.free.pop() if self.free else bytearray(BUFFER)
+
+    def give(self, buf: bytearray) -> None:
+        self.held -= 1
+        if len(self.free) < KEEP_BUFFERS:
+            self.free.append(buf)
+
+
+_buffers = _Buffers()
 
 
 def _plain_socket(writer: asyncio.StreamWriter) -> bool:
@@ -436,15 +457,22 @@ def _plain_socket(writer: asyncio.StreamWriter) -> bool:
             and writer.get_extra_info("socket") is not None)
 
 
-class _Splice:
-    """One direction of a connection, moved socket -> pipe -> socket by the kernel.
-
-    It takes the source's socket from its transport (reading paused) once the stream
+class _Relay:
+    """One direction of a connection, moved socket -> buffer -> socket by the proxy's
+    thread, past the streams: up to BUFFER bytes a read, each read sent whole before the
+    next. It takes the source's socket from its transport (reading paused) once the stream
     holds nothing more, and the destination's once its transport's buffer is empty, so
-    the order of bytes is kept; both go back to their transports at the end. Every
-    splice into the pipe is metered (_Client._account) before it goes on, so the limits
-    and the record are those of the streamed path: at most one pipe's worth (what a
-    stream read takes, BUFFER) is held back by a refused take, and none of it is sent.
+    the order of bytes is kept; both go back to their transports at the end. Every read
+    is metered (_Client._account) before it goes on, so the limits and the record are
+    those of the streamed path: at most one read (BUFFER, what a stream read takes) is
+    held back by a refused take, and none of it is sent.
+
+    Why a copy and not splice(2): splice moves page references, so a segment it builds
+    holds at most MAX_SKB_FRAGS (17) small pages, about 64 KiB; a send from a buffer
+    builds segments as large as the link takes (the sandbox's loopback: 512 KiB, BIG
+    TCP, csrc/init/net.c). The kernel's per-segment work is most of a loopback's cost:
+    scripts/bench_egress.py measured splice at 0.39-0.50 of direct and the copy at
+    0.78-0.82 (docs/egress.md, What it costs).
     """
 
     def __init__(self, client: _Client, reader: asyncio.StreamReader,
@@ -490,46 +518,51 @@ class _Splice:
             await self.writer.drain()
 
     async def _move(self, length: int | None) -> None:
-        src = self.source.get_extra_info("socket").fileno()
-        dst = self.dest.get_extra_info("socket").fileno()
-        pipe_r, pipe_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        # the loop's reader and writer callbacks need fds no transport holds: dups
-        src_wait, dst_wait = os.dup(src), os.dup(dst)
+        # dups, so that the loop's reader and writer callbacks name fds no transport holds
+        src = socket.socket(fileno=os.dup(self.source.get_extra_info("socket").fileno()))
+        dst = socket.socket(fileno=os.dup(self.dest.get_extra_info("socket").fileno()))
         try:
-            try:
-                fcntl.fcntl(pipe_w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-            except OSError:  # past the host's fs.pipe-max-size or pipe-user-pages-soft
-                pass
-            size = fcntl.fcntl(pipe_w, fcntl.F_GETPIPE_SZ)
             while length != 0:
+                buf = _buffers.take()
                 try:
-                    n = os.splice(src, pipe_w, size if length is None else min(size, length),
-                                  flags=_MOVE)
-                except BlockingIOError:
-                    await self._ready(self.loop.add_reader, self.loop.remove_reader,
-                                      src_wait)
-                    continue
-                if n == 0:
+                    n = await self._carry(src, dst, buf, length)
+                finally:
+                    _buffers.give(buf)
+                if n is None:  # nothing to read: wait for it, holding no buffer
+                    await self._ready(self.loop.add_reader, self.loop.remove_reader, src)
+                elif n == 0:
                     if length is not None:
                         raise BadMessage("the connection ended inside a body")
                     return
-                await self.client._account(n, self.entry, self.up)
-                if length is not None:
+                elif length is not None:
                     length -= n
-                while n:
-                    try:
-                        n -= os.splice(pipe_r, dst, n, flags=_MOVE)
-                    except BlockingIOError:
-                        await self._ready(self.loop.add_writer, self.loop.remove_writer,
-                                          dst_wait)
         finally:
-            for fd in (pipe_r, pipe_w, src_wait, dst_wait):
-                os.close(fd)
+            src.close()
+            dst.close()
 
-    async def _ready(self, add, remove, fd: int) -> None:
+    async def _carry(self, src: socket.socket, dst: socket.socket, buf: bytearray,
+                     length: int | None) -> int | None:
+        """One read into buf, metered, then sent whole: its size; 0 at the source's end,
+        None when there is nothing to read yet."""
+        try:
+            n = src.recv_into(buf, BUFFER if length is None else min(BUFFER, length))
+        except BlockingIOError:
+            return None
+        if n:
+            await self.client._account(n, self.entry, self.up)
+            with memoryview(buf) as view:
+                sent = 0
+                while sent < n:
+                    try:
+                        sent += dst.send(view[sent:n], socket.MSG_NOSIGNAL)
+                    except BlockingIOError:
+                        await self._ready(self.loop.add_writer, self.loop.remove_writer, dst)
+        return n
+
+    async def _ready(self, add, remove, sock: socket.socket) -> None:
         ready = self.loop.create_future()
-        add(fd, lambda: ready.done() or ready.set_result(None))
+        add(sock.fileno(), lambda: ready.done() or ready.set_result(None))
         try:
             await ready
         finally:
-            remove(fd)
+            remove(sock.fileno())
