@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,7 @@ import pytest
 from egress_servers import GitHandler, file_server, http_server, make_wheel, sandboxes_proxy
 from karotte import net
 from karotte.egress import parse_policy
+from karotte.egress.ip import _netlink_socket_in
 from karotte.sandbox import Sandbox
 from karotte.spec import Bind, SandboxSpec
 
@@ -55,6 +57,40 @@ def test_the_default_network_has_no_listener_and_no_proxy_variables():
         r = sh(sb, "env; exec 3<>/dev/tcp/127.0.0.1/3128 && echo connected")
         assert b"proxy" not in r.stdout.lower() and b"connected" not in r.stdout
         assert sb.egress_record() is None
+
+
+IFLA_GSO_MAX_SIZE, IFLA_GSO_IPV4_MAX_SIZE = 41, 63  # linux/if_link.h
+
+
+def loopback_gso(init_pid):
+    """lo's largest GSO segment in the sandbox's network namespace, IPv6's and IPv4's
+    (None where the kernel has no such attribute), as the kernel answers RTM_GETLINK."""
+    with open(f"/proc/{init_pid}/ns/net") as ns:
+        sock = _netlink_socket_in(ns.fileno())
+    with sock:
+        body = struct.pack("BxHiII", socket.AF_UNSPEC, 0, socket.if_nametoindex("lo"), 0, 0)
+        sock.send(struct.pack("IHHII", 16 + len(body), 18, 1, 1, 0) + body)  # RTM_GETLINK
+        answer = sock.recv(65536)
+    length, kind = struct.unpack_from("IH", answer)
+    assert kind == 16, f"RTM_NEWLINK expected, got {kind}"  # not NLMSG_ERROR
+    sizes, at = {}, 32
+    while at + 4 <= length:
+        size, attr = struct.unpack_from("HH", answer, at)
+        if attr in (IFLA_GSO_MAX_SIZE, IFLA_GSO_IPV4_MAX_SIZE):
+            sizes[attr] = struct.unpack_from("I", answer, at + 4)[0]
+        at += (size + 3) & ~3
+    return sizes.get(IFLA_GSO_MAX_SIZE), sizes.get(IFLA_GSO_IPV4_MAX_SIZE)
+
+
+def test_a_proxied_sandbox_s_loopback_takes_segments_of_512_kib_and_none_keeps_64():
+    """BIG TCP on the proxy's side of the agent's connections (csrc/init/net.c); a
+    sandbox without listeners keeps the kernel's default."""
+    with sandbox(["files.test"]) as proxied, Sandbox(SandboxSpec()) as plain:
+        big, plain_sizes = loopback_gso(proxied.init_pid), loopback_gso(plain.init_pid)
+    if big[1] is None:
+        pytest.skip("this kernel has no IPv4 BIG TCP (IFLA_GSO_IPV4_MAX_SIZE, Linux 6.3)")
+    assert big == (524280, 524280)
+    assert plain_sizes == (65536, 65536)
 
 
 def test_curl_inside_reaches_an_allowed_name_only_and_the_record_says_so(files):

@@ -2,6 +2,9 @@
  * listeners (karotte/net.py) made on it before any agent code runs. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <linux/if_link.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -44,6 +47,48 @@ static int make_listener(uint32_t port)
     return s;
 }
 
+/* Linux 6.3's IPv4 BIG TCP attribute, past older headers' enum. */
+#define KAROTTE_IFLA_GSO_IPV4_MAX_SIZE 63
+/* GSO_MAX_SIZE of Linux 5.19 and later: what lo's TSO takes. */
+#define LOOPBACK_GSO_MAX 524280u
+
+/* Let a TCP segment on this lo be as large as lo takes (BIG TCP): 512 KiB, not 64 KiB.
+ * The proxy's connections to the agent run here, and the kernel's work per segment is
+ * most of a loopback's cost: a download through the proxy gets about half again as much
+ * (docs/egress.md, What it costs). Only the listeners' sockets and the agent's see this
+ * lo. A kernel that refuses (before 5.19: 64 KiB at most) keeps its default; one before
+ * 6.3 ignores the IPv4 attribute. Sockets take the size when they connect or are
+ * accepted, so this comes before the listeners. */
+static void widen_loopback(void)
+{
+    struct {
+        struct nlmsghdr nh;
+        struct ifinfomsg ifi;
+        struct {
+            struct rtattr rta;
+            uint32_t value;
+        } attrs[2];
+    } req = {0};
+    char answer[512];
+    uint16_t types[2] = {IFLA_GSO_MAX_SIZE, KAROTTE_IFLA_GSO_IPV4_MAX_SIZE};
+    req.nh.nlmsg_len = sizeof(req);
+    req.nh.nlmsg_type = RTM_NEWLINK;
+    req.nh.nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK;
+    req.ifi.ifi_family = AF_UNSPEC;
+    req.ifi.ifi_index = (int)if_nametoindex("lo");
+    for (int i = 0; i < 2; i++) {
+        req.attrs[i].rta.rta_len = RTA_LENGTH(sizeof(uint32_t));
+        req.attrs[i].rta.rta_type = types[i];
+        req.attrs[i].value = LOOPBACK_GSO_MAX;
+    }
+    int s = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+    if (s < 0)
+        return;
+    if (req.ifi.ifi_index > 0 && send(s, &req, sizeof(req), 0) == (ssize_t)sizeof(req))
+        (void)recv(s, answer, sizeof(answer), 0); /* the ack: 0 or the kernel's refusal */
+    close(s);
+}
+
 void bring_up_loopback(void)
 {
     struct ifreq ifr = {0};
@@ -57,6 +102,8 @@ void bring_up_loopback(void)
     if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
         setup_fail(KS_LOOPBACK, "bring lo up");
     close(s);
+    if (n_listen)
+        widen_loopback();
     for (int i = 0; i < n_listen; i++)
         listen_fds[i] = make_listener(listen_ports[i]);
 }
