@@ -4,21 +4,26 @@
     scripts/bench_egress.py [--megabytes 200] [--rounds 5] [--requests 2000] [--cycles 200]
                             [--cases download,latency,sandbox] [--json FILE]
 
-All traffic is on 127.0.0.1: a file server in a process of its own, curl and Python
-clients, and the proxy (karotte.egress.EgressProxy) in one of two places:
+All traffic is on loopback: a file server in a process of its own on the host's
+127.0.0.1, curl and Python clients, and the proxy (karotte.egress.EgressProxy) in one of
+two places:
 
 - thread: EgressProxy, a thread with its own event loop in this process (net.py's default);
 - process: EgressProcess, the same proxy in a child process of its own;
-- floor (download only): a transparent relay that only splices, what any relay costs here.
+- floor (download only): a transparent relay of two threads that only move bytes, by
+  splice(2) or by a copy through a buffer: what any relay costs here.
 
 Each is measured with this process idle, and with a "trainer" thread busy in pure Python
 beside it (the GIL is what a trainer's own load could take from the proxy's thread).
 
-Cases: download (curl, --megabytes through each path, --rounds rounds of direct, thread
-and process one after another, so that the host's other load hits all three alike: the
-median of each path and the median of the rounds' ratios to direct; and the proxy
-thread's own CPU seconds per GB, which the host's load moves least), latency (sequential
-small GETs on one kept-alive connection, per-request medians), sandbox (create + exec +
+Cases: download (curl, --megabytes through each path, --rounds rounds of all paths one
+after another, so that the host's other load hits them alike: direct is curl on the host,
+each other path curl inside a sandbox of the proxy mode whose listener that path serves,
+as an agent downloads; each timed by curl's own clock; the median of each path and the
+median of the rounds' ratios to direct; and the proxy thread's own CPU seconds per GB,
+which the host's load moves least), latency (sequential small GETs on one kept-alive
+connection, per-request medians, by a client on the host through a listener on the
+host's loopback), sandbox (create + exec +
 destroy, network "none" and a proxy policy one after the other, --cycles of each: the
 medians, and the median of the cycles' paired differences).
 """
@@ -38,8 +43,12 @@ import threading
 import time
 
 import benchlib  # noqa: F401 - before karotte: it puts this checkout's karotte on sys.path
+from karotte import net
 from karotte.egress import (EgressLimits, EgressProcess, EgressProxy, parse_policy,
                             static_resolver)
+from karotte.egress.record import Log
+from karotte.sandbox import Sandbox
+from karotte.spec import SandboxSpec
 
 UNLIMITED = EgressLimits(bytes_per_second=None, max_bytes=None)
 NAME = "files.test"
@@ -105,29 +114,57 @@ class Busy:
         self.thread.join()
 
 
-def download(proxy: str | None, port: int, megabytes: int) -> float:
-    """MB/s of curl fetching megabytes from port (the server's, or the floor relay's)."""
+def download(proxy: str | None, port: int, megabytes: int, sandbox=None) -> float:
+    """MB/s of curl fetching megabytes from port (the server's, or the floor relay's), by
+    curl's own clock: on the host (direct), or inside sandbox (the agent's side)."""
     url = f"http://{NAME if proxy else '127.0.0.1'}:{port}/{megabytes * 10**6}"
-    t = time.perf_counter()
-    subprocess.run(["curl", "-fsS", "-o", "/dev/null", *(["-x", proxy] if proxy else []),
-                    url], check=True)
-    return megabytes / (time.perf_counter() - t)
+    argv = ["curl", "-fsS", "-o", "/dev/null", "-w", "%{time_total}",
+            *(["-x", proxy] if proxy else []), url]
+    if sandbox is None:
+        out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    else:
+        result = sandbox.exec(argv, timeout=60)
+        if result.exit_code != 0:
+            raise RuntimeError(f"curl in the sandbox: {result.stderr.decode()!r}")
+        out = result.stdout.decode()
+    return megabytes / float(out)
 
 
 class Floor:
     """What any relay costs here: a transparent one, to the server, of two blocking
-    threads a connection doing nothing but splice(2) through a pipe (no event loop, no
-    check, no meter). The proxy cannot beat it; what it adds to it is the proxy's own. Its
-    threads are this process's, so a busy trainer's GIL slows it as it does the thread."""
+    threads a connection doing nothing but move bytes (no event loop, no check, no meter),
+    by splice(2) through a pipe or by a copy through a buffer. The proxy cannot beat the
+    better of the two; what it adds to it is the proxy's own. It serves a sandbox's forward
+    proxy listener as EgressProxy would (net.use_egress_proxy), so that curl inside reaches
+    it as the agent reaches the proxy. Its threads are this process's, so a busy trainer's
+    GIL slows it as it does the thread."""
 
-    def __init__(self, port: int):
-        self.port, self.listener = port, socket.create_server(("127.0.0.1", 0))
-        threading.Thread(target=self._accept, daemon=True).start()
+    def __init__(self, port: int, how: str):
+        self.port, self.pid = port, os.getpid()
+        self._pump = {"splice": self._splice, "copy": self._copy}[how]
+        self._listeners: list[socket.socket] = []
+        self._log = Log()
 
-    def _accept(self):
+    def serve(self, policy, proxy: socket.socket, upstreams=None) -> Floor:
+        self._listeners.append(proxy)
+        threading.Thread(target=self._accept, args=(proxy,), daemon=True).start()
+        return self
+
+    # what the sandbox asks of the session it was served by: a record with nothing in it
+    def mark(self):
+        return self._log.mark()
+
+    def since(self, mark, limit):
+        return self._log.since(mark, limit)
+
+    def close(self, wait: bool = False) -> None:
+        for listener in self._listeners:
+            listener.close()
+
+    def _accept(self, listener: socket.socket):
         while True:
             try:
-                client, _ = self.listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return
             server = socket.create_connection(("127.0.0.1", self.port))
@@ -135,7 +172,7 @@ class Floor:
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
     @staticmethod
-    def _pump(a: socket.socket, b: socket.socket):
+    def _splice(a: socket.socket, b: socket.socket):
         r, w = os.pipe()
         with contextlib.suppress(OSError):
             fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)
@@ -150,8 +187,16 @@ class Floor:
             os.close(r)
             os.close(w)
 
-    def close(self):
-        self.listener.close()
+    @staticmethod
+    def _copy(a: socket.socket, b: socket.socket):
+        buf = bytearray(1 << 20)
+        try:
+            with memoryview(buf) as view:
+                while n := a.recv_into(buf):
+                    b.sendall(view[:n])
+            b.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
 
 
 def loop_cpu(proxy: EgressProxy) -> float:
@@ -161,21 +206,38 @@ def loop_cpu(proxy: EgressProxy) -> float:
     return done.result()
 
 
-def downloads(paths: dict[str, int | None], port: int, megabytes: int, rounds: int,
+def downloads(sandboxes: dict, port: int, megabytes: int, rounds: int,
               thread_proxy: EgressProxy) -> tuple[dict[str, list[float]], float]:
-    """Each path's MB/s per round, the paths interleaved; and the thread proxy's CPU
-    seconds per GB relayed."""
-    out: dict[str, list[float]] = {where: [] for where in paths}
+    """Each path's MB/s per round, the paths interleaved (direct on the host, the others
+    by curl inside each path's sandbox); and the thread proxy's CPU seconds per GB
+    relayed."""
+    out: dict[str, list[float]] = {"direct": [], **{where: [] for where in sandboxes}}
     cpu = 0.0
     for _ in range(rounds):
-        for where, pport in paths.items():
-            proxy = f"http://127.0.0.1:{pport}" if pport and where != "floor" else None
+        out["direct"].append(download(None, port, megabytes))
+        for where, sb in sandboxes.items():
+            floor = where.startswith("floor")
+            proxy = None if floor else f"http://127.0.0.1:{net.PROXY_PORT}"
             before = loop_cpu(thread_proxy)
-            out[where].append(download(proxy, pport if where == "floor" else port,
-                                       megabytes))
+            out[where].append(download(proxy, net.PROXY_PORT if floor else port,
+                                       megabytes, sb))
             if where == "thread":
                 cpu += loop_cpu(thread_proxy) - before
     return out, cpu / (rounds * megabytes / 1000)
+
+
+def path_sandboxes(stack: contextlib.ExitStack, serving: dict, port: int) -> dict:
+    """A sandbox of the proxy mode for each path, its listeners served by that path's
+    proxy (or floor): the agent's side of a download."""
+    policy = parse_policy([f"{NAME}:{port}", f"127.0.0.1:{port}"], limits=UNLIMITED)
+    sandboxes = {}
+    for where, proxy in serving.items():
+        old = net.use_egress_proxy(proxy)
+        try:
+            sandboxes[where] = stack.enter_context(Sandbox(SandboxSpec(network=policy)))
+        finally:
+            net.use_egress_proxy(old)
+    return sandboxes
 
 
 def latency(proxy_port: int | None, port: int, requests: int) -> float:
@@ -205,9 +267,6 @@ def latency_client(proxy_port: int | None, port: int, requests: int) -> float:
 
 
 def sandbox_cycles(cycles: int, port: int) -> dict[str, float]:
-    from karotte import net
-    from karotte.sandbox import Sandbox
-    from karotte.spec import SandboxSpec
     net.use_egress_proxy(EgressProxy(static_resolver({NAME: ["127.0.0.1"]})))
     specs = {"none": SandboxSpec(),
              "proxy": SandboxSpec(network=parse_policy([f"{NAME}:{port}",
@@ -262,44 +321,48 @@ def main() -> int:
     process_port = sock.getsockname()[1]
     process.serve(parse_policy([f"{NAME}:{port}", f"127.0.0.1:{port}"], limits=UNLIMITED),
                   proxy=sock)
-    floor = Floor(port)
-    paths = {"direct": None, "floor": floor.listener.getsockname()[1], "thread": thread_port,
-             "process": process_port}
+    floors = {f"floor, {how}": Floor(port, how) for how in ("splice", "copy")}
+    latency_ports = {"direct": None, "thread": thread_port, "process": process_port}
     rows: dict[str, dict] = {}
     goals: dict[str, float] = {}
     result: dict = {"machine": benchlib.machine_line(benchlib.machine()), "paths": rows}
     try:
-        for load in ("idle", "busy trainer"):
-            with contextlib.ExitStack() as stack:
-                if load != "idle":
-                    stack.enter_context(Busy())
-                if "download" in cases:
-                    mbs, cpu = downloads(paths, port, args.megabytes, args.rounds,
-                                         thread_proxy)
-                    if load == "idle":
-                        result["thread proxy CPU s/GB"] = round(cpu, 3)
-                for where, pport in paths.items():
-                    if where == "floor" and "download" not in cases:
-                        continue
-                    row = rows.setdefault(f"{where}, {load}", {})
+        with contextlib.ExitStack() as sandboxes_open:
+            sandboxes = path_sandboxes(sandboxes_open, {
+                **floors, "thread": thread_proxy, "process": process}, port) \
+                if "download" in cases else {}
+            for load in ("idle", "busy trainer"):
+                with contextlib.ExitStack() as stack:
+                    if load != "idle":
+                        stack.enter_context(Busy())
                     if "download" in cases:
-                        row["MB/s"] = round(statistics.median(mbs[where]))
-                        if where != "direct":
-                            row["of direct, median of rounds"] = round(statistics.median(
-                                t / d for t, d in zip(mbs[where], mbs["direct"])), 3)
-                        if where in ("thread", "process"):
-                            row["of floor, median of rounds"] = round(statistics.median(
-                                t / f for t, f in zip(mbs[where], mbs["floor"])), 3)
-                    if "latency" in cases and where != "floor":
-                        row["ms/request"] = round(latency(pport, port, args.requests), 3)
-                    print(f"{where:8} {load:13} {row}", file=sys.stderr, flush=True)
+                        mbs, cpu = downloads(sandboxes, port, args.megabytes, args.rounds,
+                                             thread_proxy)
+                        if load == "idle":
+                            result["thread proxy CPU s/GB"] = round(cpu, 3)
+                    for where in ["direct", *sandboxes] if sandboxes else latency_ports:
+                        row = rows.setdefault(f"{where}, {load}", {})
+                        if "download" in cases:
+                            row["MB/s"] = round(statistics.median(mbs[where]))
+                            if where != "direct":
+                                row["of direct, median of rounds"] = round(statistics.median(
+                                    t / d for t, d in zip(mbs[where], mbs["direct"])), 3)
+                            if where in ("thread", "process"):
+                                row["of floor (copy), median of rounds"] = round(
+                                    statistics.median(t / f for t, f in zip(
+                                        mbs[where], mbs["floor, copy"])), 3)
+                        if "latency" in cases and where in latency_ports:
+                            row["ms/request"] = round(
+                                latency(latency_ports[where], port, args.requests), 3)
+                        print(f"{where:14} {load:13} {row}", file=sys.stderr, flush=True)
         if "sandbox" in cases:
             result["sandbox_ms"] = cycles = sandbox_cycles(args.cycles, port)
             goals["create+exec+destroy with the proxy < 0.5 ms more (paired median)"] = \
                 cycles["proxy - none, paired"]
     finally:
         process.close()
-        floor.close()
+        for floor in floors.values():
+            floor.close()
         files.kill()
         files.wait()
         thread_proxy.close()
