@@ -9,6 +9,7 @@ import concurrent.futures
 import contextlib
 import hashlib
 import os
+import select
 import socket
 import threading
 import time
@@ -62,7 +63,8 @@ def echo_server():
     listener = socket.create_server(("127.0.0.1", 0))
 
     def echo(conn):
-        with conn:
+        with conn, contextlib.suppress(OSError):  # a test's proxy may cut it
+            conn.settimeout(None)  # whatever socket.setdefaulttimeout() a test set
             while data := conn.recv(1 << 16):
                 conn.sendall(data)
 
@@ -164,8 +166,12 @@ def tunnel_through(proxy, port, payload):
         head, _, rest = reply.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200"), head
         sent = client_hello("files.test") + payload
-        writer = threading.Thread(target=lambda: (sock.sendall(sent),
-                                                  sock.shutdown(socket.SHUT_WR)))
+        def write():
+            with contextlib.suppress(OSError):  # the proxy may cut the tunnel first
+                sock.sendall(sent)
+                sock.shutdown(socket.SHUT_WR)
+
+        writer = threading.Thread(target=write)
         writer.start()
         got = rest + read_all(sock)
         writer.join()
@@ -192,6 +198,31 @@ def test_EGRESS_FLOOD_01_a_tunnel_past_the_total_is_cut_and_counted_to_the_limit
         (reach,) = session.record().reaches
         assert (reach.allowed, reach.reason) == (True, "bytes_total")
         assert reach.bytes_sent + reach.bytes_received <= 1_000_000
+
+
+def test_a_default_socket_timeout_of_the_process_does_not_make_the_relay_block():
+    """The proxy's thread is in the trainer's process, where a library may have called
+    socket.setdefaulttimeout(): the relay's own sockets must stay non-blocking, or each
+    read with nothing to read would hold the loop for the timeout and then cut the
+    connection (TimeoutError)."""
+    payload = os.urandom(SIZE)
+    old = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(0.2)
+    try:
+        with echo_server() as port, Gateway(NAMES) as gw:
+            _, proxy, _ = gw.serve([f"files.test:{port}", f"127.0.0.1:{port}"])
+            with open_tunnel(proxy, port) as sock:
+                sock.settimeout(10)
+                time.sleep(0.5)  # the relay waits with nothing to read, past the timeout
+                sock.sendall(payload)
+                want = len(client_hello("files.test")) + len(payload)
+                got = b""
+                while len(got) < want:
+                    assert (chunk := sock.recv(1 << 20)), "the tunnel was cut"
+                    got += chunk
+                assert got[-len(payload):] == payload
+    finally:
+        socket.setdefaulttimeout(old)
 
 
 def buffers_held(gw) -> int:
@@ -226,14 +257,20 @@ def test_an_idle_tunnel_holds_no_buffer_and_a_stalled_one_holds_one():
     """Memory: a buffer is the relay's from a read to the end of its send. Open tunnels
     that carried bytes and wait hold none; a tunnel whose far end stops reading holds one
     (the read it cannot send yet), and gives it back when it is cut."""
-    stalled = threading.Event()
+    first = len(client_hello("files.test")) + 8 * BUFFER  # past what the stream reads ahead
+    relaying, stalled = threading.Event(), threading.Event()
 
-    def swallow_nothing(conn):  # takes the connection and never reads it
+    def read_then_stall(conn):  # reads the first bytes (so the relay has taken over), no more
         with conn:
+            conn.settimeout(None)
+            got = 0
+            while got < first and (chunk := conn.recv(1 << 20)):
+                got += len(chunk)
+            relaying.set()
             stalled.wait(30)
 
     with echo_server() as echo, serving(socket.create_server(("127.0.0.1", 0)),
-                                        swallow_nothing) as sink, Gateway(NAMES) as gw:
+                                        read_then_stall) as sink, Gateway(NAMES) as gw:
         _, proxy, _ = gw.serve([f"files.test:{p}" for p in (echo, sink)]
                                + [f"127.0.0.1:{p}" for p in (echo, sink)])
         idle = [open_tunnel(proxy, echo) for _ in range(8)]
@@ -243,18 +280,24 @@ def test_an_idle_tunnel_holds_no_buffer_and_a_stalled_one_holds_one():
                 sock.sendall(payload)
                 got = b""
                 while len(got) < len(client_hello("files.test")) + len(payload):
-                    got += sock.recv(1 << 20)
+                    assert (chunk := sock.recv(1 << 20)), "the tunnel was cut"
+                    got += chunk
             until(lambda: buffers_held(gw) == 0)
             with open_tunnel(proxy, sink) as sock:
+                sock.sendall(bytes(8 * BUFFER))
+                assert relaying.wait(10)
                 sock.setblocking(False)
                 sent = 0
-                with contextlib.suppress(BlockingIOError):  # until every buffer is full
-                    while sent < 64 * BUFFER:
+                # until every buffer on the way is full: the socket takes nothing for 0.5 s
+                while sent < 256 * BUFFER and select.select([], [sock], [], 0.5)[1]:
+                    with contextlib.suppress(BlockingIOError):
                         sent += sock.send(bytes(BUFFER))
+                assert sent < 256 * BUFFER, "the stalled sink took it all"
                 until(lambda: buffers_held(gw) == 1)
             stalled.set()
             until(lambda: buffers_held(gw) == 0)
         finally:
+            relaying.set()
             stalled.set()
             for sock in idle:
                 sock.close()

@@ -440,8 +440,9 @@ class _Buffers(threading.local):
         self.held = 0  # taken and not given back: one per relay with bytes on their way
 
     def take(self) -> bytearray:
+        buf = self.free.pop() if self.free else bytearray(BUFFER)
         self.held += 1
-        return self.free.pop() if self.free else bytearray(BUFFER)
+        return buf
 
     def give(self, buf: bytearray) -> None:
         self.held -= 1
@@ -452,6 +453,21 @@ class _Buffers(threading.local):
 _buffers = _Buffers()
 
 
+def _dup(transport: asyncio.Transport) -> socket.socket:
+    """A socket of its own on the transport's, so that the loop's reader and writer
+    callbacks name an fd no transport holds. Non-blocking whatever the process's
+    socket.setdefaulttimeout() (a trainer's library may set one): the relay waits on the
+    loop, never in a call."""
+    fd = os.dup(transport.get_extra_info("socket").fileno())
+    try:
+        sock = socket.socket(fileno=fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    sock.setblocking(False)
+    return sock
+
+
 def _plain_socket(writer: asyncio.StreamWriter) -> bool:
     return (writer.get_extra_info("ssl_object") is None
             and writer.get_extra_info("socket") is not None)
@@ -460,12 +476,12 @@ def _plain_socket(writer: asyncio.StreamWriter) -> bool:
 class _Relay:
     """One direction of a connection, moved socket -> buffer -> socket by the proxy's
     thread, past the streams: up to BUFFER bytes a read, each read sent whole before the
-    next. It takes the source's socket from its transport (reading paused) once the stream
-    holds nothing more, and the destination's once its transport's buffer is empty, so
-    the order of bytes is kept; both go back to their transports at the end. Every read
-    is metered (_Client._account) before it goes on, so the limits and the record are
-    those of the streamed path: at most one read (BUFFER, what a stream read takes) is
-    held back by a refused take, and none of it is sent.
+    next. It pauses the source's transport, sends on what the stream had read ahead, and
+    then takes the source's socket; it takes the destination's once its transport's
+    buffer is empty. So the order of bytes is kept; both go back to their transports at
+    the end. Every read is metered (_Client._account) before it goes on, so the limits
+    and the record are those of the streamed path: at most one read (BUFFER, what a
+    stream read takes) is held back by a refused take, and none of it is sent.
 
     Why a copy and not splice(2): splice moves page references, so a segment it builds
     holds at most MAX_SKB_FRAGS (17) small pages, about 64 KiB; a send from a buffer
@@ -485,16 +501,19 @@ class _Relay:
 
     async def run(self, length: int | None) -> None:
         """Move length bytes (None: to the source's end)."""
-        left = await self._drain_stream(length)
-        if left == 0:
-            return
-        if self.reader.at_eof():  # the stream saw the end already, and holds nothing
-            if length is not None:
-                raise BadMessage("the connection ended inside a body")
-            return
-        self.source.pause_reading()  # no await since the stream was seen empty
+        # The stream reads no more from here: what it read ahead goes first, then the
+        # relay takes over, however fast the source sends (a stream that is refilled as
+        # it drains would otherwise carry the whole body)
+        self.source.pause_reading()
         limits = self.dest.get_write_buffer_limits()
         try:
+            left = await self._drain_stream(length)
+            if left == 0:
+                return
+            if self.reader.at_eof():  # the stream saw the end already, and holds nothing
+                if length is not None:
+                    raise BadMessage("the connection ended inside a body")
+                return
             await self._drain_dest()
             await self._move(left)
         finally:
@@ -507,6 +526,9 @@ class _Relay:
         # asyncio has no public count of what a StreamReader holds: its buffer's length
         while (held := len(self.reader._buffer)) and length != 0:
             data = await self.reader.read(held if length is None else min(held, length))
+            # a stream that had paused its transport itself (full) resumes it as it
+            # drains: paused again, so that nothing more comes into the stream
+            self.source.pause_reading()
             await self.client._send(self.writer, data, self.entry, self.up)
             if length is not None:
                 length -= len(data)
@@ -518,10 +540,7 @@ class _Relay:
             await self.writer.drain()
 
     async def _move(self, length: int | None) -> None:
-        # dups, so that the loop's reader and writer callbacks name fds no transport holds
-        src = socket.socket(fileno=os.dup(self.source.get_extra_info("socket").fileno()))
-        dst = socket.socket(fileno=os.dup(self.dest.get_extra_info("socket").fileno()))
-        try:
+        with _dup(self.source) as src, _dup(self.dest) as dst:
             while length != 0:
                 buf = _buffers.take()
                 try:
@@ -536,9 +555,6 @@ class _Relay:
                     return
                 elif length is not None:
                     length -= n
-        finally:
-            src.close()
-            dst.close()
 
     async def _carry(self, src: socket.socket, dst: socket.socket, buf: bytearray,
                      length: int | None) -> int | None:
