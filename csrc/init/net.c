@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include "init.h"
@@ -52,13 +53,29 @@ static int make_listener(uint32_t port)
 /* GSO_MAX_SIZE of Linux 5.19 and later: what lo's TSO takes. */
 #define LOOPBACK_GSO_MAX 524280u
 
+/* Whether this kernel's release (the host's: a UTS namespace keeps it) is at least
+ * major.minor. */
+static int kernel_at_least(unsigned major, unsigned minor)
+{
+    struct utsname u;
+    unsigned a = 0, b = 0;
+    if (uname(&u) < 0 || sscanf(u.release, "%u.%u", &a, &b) != 2)
+        return 0;
+    return a > major || (a == major && b >= minor);
+}
+
 /* Let a TCP segment on this lo be as large as lo takes (BIG TCP): 512 KiB, not 64 KiB.
  * The proxy's connections to the agent run here, and the kernel's work per segment is
  * most of a loopback's cost: a download through the proxy gets about half again as much
- * (docs/egress.md, What it costs). Only the listeners' sockets and the agent's see this
- * lo. A kernel that refuses (before 5.19: 64 KiB at most) keeps its default; one before
- * 6.3 ignores the IPv4 attribute. Sockets take the size when they connect or are
- * accepted, so this comes before the listeners. */
+ * (docs/egress.md, Where the proxy runs). Only the listeners' sockets and the agent's
+ * see this lo.
+ *
+ * It is kernel surface the agent reaches: BIG TCP segments on its own loopback, which it
+ * could not make itself (no CAP_NET_ADMIN). So only from Linux 6.6, the first long-term
+ * kernel after IPv4 BIG TCP (6.3), past the fix of CVE-2023-53669 (skb_copy_ubufs with a
+ * MSG_ZEROCOPY send over a BIG TCP lo; fixed in 6.1.29, 6.2.16, 6.3.3); an older kernel
+ * keeps its default. A kernel that refuses the size keeps it too. Sockets take the size
+ * when they connect or are accepted, so this comes before the listeners. */
 static void widen_loopback(void)
 {
     struct {
@@ -102,7 +119,7 @@ void bring_up_loopback(void)
     if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
         setup_fail(KS_LOOPBACK, "bring lo up");
     close(s);
-    if (n_listen)
+    if (n_listen && kernel_at_least(6, 6))
         widen_loopback();
     for (int i = 0; i < n_listen; i++)
         listen_fds[i] = make_listener(listen_ports[i]);
