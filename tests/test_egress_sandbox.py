@@ -17,7 +17,7 @@ import threading
 import pytest
 
 from egress_servers import GitHandler, file_server, http_server, make_wheel, sandboxes_proxy
-from karotte import net
+from karotte import lifecycle, net
 from karotte.egress import parse_policy
 from karotte.egress.ip import _netlink_socket_in
 from karotte.sandbox import Sandbox
@@ -303,6 +303,7 @@ def test_a_forked_child_serves_its_own_sandboxes_with_a_proxy_of_its_own(files):
             os.write(write, r.stdout)
             code = 0
         finally:
+            lifecycle.cleanup()  # os._exit skips atexit: the cgroup it pooled goes now
             os._exit(code)
     os.close(write)
     with os.fdopen(read, "rb") as pipe:
