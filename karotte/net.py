@@ -5,11 +5,12 @@ Every sandbox has a network namespace of its own (karotte/native.py). With netwo
 With an EgressPolicy (karotte/egress/policy.py) init also makes, on that loopback and
 before any agent code runs, the listeners of the host-side proxy: the forward proxy at
 127.0.0.1:3128 and each named upstream at 127.0.0.1:3129, 3130, ... (in the policy's
-order), on a loopback that carries TCP segments of 512 KiB (BIG TCP: the proxy's side of
-every agent connection runs there). It hands their fds to the host with KP_READY
-(bring_up_loopback and ready_fds in csrc/init/net.c) and keeps no copy; the host's
-EgressProxy serves them with one check for every request (docs/egress.md). The namespace still has no route out and no resolver, so
-the proxy is the only way out, and DNS carries nothing.
+order), on a loopback that carries TCP segments of 512 KiB from Linux 6.6 (BIG TCP: the
+proxy's side of every agent connection runs there). It hands their fds to the host with
+KP_READY (bring_up_loopback and ready_fds in csrc/init/net.c) and keeps no copy; the
+host's EgressProxy serves them with one check for every request (docs/egress.md). The
+namespace still has no route out and no resolver, so the proxy is the only way out, and
+DNS carries nothing.
 
 With an EgressPolicy of mode "ip" (root only) the sandbox gets a veth instead, made before
 init's go: an address, a default route to the host, and nftables rules on the host that

@@ -23,9 +23,9 @@ as an agent downloads; each timed by curl's own clock; the median of each path a
 median of the rounds' ratios to direct; and the proxy thread's own CPU seconds per GB,
 which the host's load moves least), latency (sequential small GETs on one kept-alive
 connection, per-request medians, by a client on the host through a listener on the
-host's loopback), sandbox (create + exec +
-destroy, network "none" and a proxy policy one after the other, --cycles of each: the
-medians, and the median of the cycles' paired differences).
+host's loopback), sandbox (create + exec + destroy, network "none" and a proxy policy one
+after the other, --cycles of each: the medians, and the median of the cycles' paired
+differences).
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The proxy's relay once a request or tunnel is checked: long bodies and tunnels move
-socket to socket past the streams, through a buffer of the proxy thread's (karotte/egress/
-proxy.py, _Relay), and must arrive exactly as sent, in order, metered, with a buffer held
-only while bytes are on their way; and a sandbox's listeners are served without a round trip to
-the proxy's loop (karotte/egress/server.py), each by its own session only."""
+socket to socket past the streams, through a buffer of the proxy thread's
+(karotte/egress/proxy.py, _Relay), and must arrive exactly as sent, in order, metered,
+with a buffer held only while bytes are on their way; and a sandbox's listeners are
+served without a round trip to the proxy's loop (karotte/egress/server.py), each by its
+own session only."""
 from __future__ import annotations
 
 import concurrent.futures

@@ -487,8 +487,8 @@ class _Relay:
     holds at most MAX_SKB_FRAGS (17) small pages, about 64 KiB; a send from a buffer
     builds segments as large as the link takes (the sandbox's loopback: 512 KiB, BIG
     TCP, csrc/init/net.c). The kernel's per-segment work is most of a loopback's cost:
-    scripts/bench_egress.py measured splice at 0.39-0.50 of direct and the copy at
-    0.78-0.82 (docs/egress.md, What it costs).
+    in scripts/bench_egress.py's runs a bare splice relay reached 0.33-0.41 of direct and
+    a bare copy relay 0.81-0.93 (docs/egress.md, Where the proxy runs).
     """
 
     def __init__(self, client: _Client, reader: asyncio.StreamReader,
