@@ -17,6 +17,7 @@ import time
 
 from egress_servers import Gateway, file_server
 from karotte.egress import EgressLimits
+from karotte.egress import proxy as relay
 from karotte.egress.proxy import BUFFER
 from test_egress_attacks import connect, curl, read_all, read_response
 from test_egress_policy import client_hello
@@ -156,17 +157,35 @@ def test_a_long_upload_sent_with_its_head_arrives_whole(tmp_path):
         assert len(reaches) == 2 and all(SIZE < r.bytes_sent < SIZE + 1000 for r in reaches)
 
 
+def connected(proxy, port):
+    """A socket whose CONNECT to files.test:port was answered 200, and what came after
+    the answer's head."""
+    sock = connect(proxy)
+    sock.sendall(f"CONNECT files.test:{port} HTTP/1.1\r\nHost: files.test:{port}\r\n\r\n"
+                 .encode())
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        reply += sock.recv(4096)
+    head, _, rest = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return sock, rest
+
+
+def read_exactly(sock, n):
+    """n bytes from sock; the tunnel must not be cut before."""
+    got = b""
+    while len(got) < n:
+        assert (chunk := sock.recv(1 << 20)), "the tunnel was cut"
+        got += chunk
+    return got
+
+
 def tunnel_through(proxy, port, payload):
     """CONNECT, a real ClientHello for the name, then payload; what comes back."""
-    with connect(proxy) as sock:
-        sock.sendall(f"CONNECT files.test:{port} HTTP/1.1\r\nHost: files.test:{port}\r\n\r\n"
-                     .encode())
-        reply = b""
-        while b"\r\n\r\n" not in reply:
-            reply += sock.recv(4096)
-        head, _, rest = reply.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 200"), head
+    sock, rest = connected(proxy, port)
+    with sock:
         sent = client_hello("files.test") + payload
+
         def write():
             with contextlib.suppress(OSError):  # the proxy may cut the tunnel first
                 sock.sendall(sent)
@@ -216,11 +235,7 @@ def test_a_default_socket_timeout_of_the_process_does_not_make_the_relay_block()
                 sock.settimeout(10)
                 time.sleep(0.5)  # the relay waits with nothing to read, past the timeout
                 sock.sendall(payload)
-                want = len(client_hello("files.test")) + len(payload)
-                got = b""
-                while len(got) < want:
-                    assert (chunk := sock.recv(1 << 20)), "the tunnel was cut"
-                    got += chunk
+                got = read_exactly(sock, len(client_hello("files.test")) + len(payload))
                 assert got[-len(payload):] == payload
     finally:
         socket.setdefaulttimeout(old)
@@ -228,7 +243,6 @@ def test_a_default_socket_timeout_of_the_process_does_not_make_the_relay_block()
 
 def buffers_held(gw) -> int:
     """How many relay buffers the proxy's thread holds now (asked on its loop)."""
-    from karotte.egress import proxy as relay
     done: concurrent.futures.Future = concurrent.futures.Future()
     gw.proxy.loop.call_soon_threadsafe(lambda: done.set_result(relay._buffers.held))
     return done.result(10)
@@ -243,13 +257,7 @@ def until(predicate, timeout=10.0):
 
 def open_tunnel(proxy, port):
     """A socket with a tunnel open to files.test:port, past its ClientHello."""
-    sock = connect(proxy)
-    sock.sendall(f"CONNECT files.test:{port} HTTP/1.1\r\nHost: files.test:{port}\r\n\r\n"
-                 .encode())
-    reply = b""
-    while b"\r\n\r\n" not in reply:
-        reply += sock.recv(4096)
-    assert reply.startswith(b"HTTP/1.1 200"), reply
+    sock, _ = connected(proxy, port)
     sock.sendall(client_hello("files.test"))
     return sock
 
@@ -279,10 +287,7 @@ def test_an_idle_tunnel_holds_no_buffer_and_a_stalled_one_holds_one():
             for sock in idle:  # hello's echo, then a megabyte there and back
                 payload = os.urandom(1 << 20)
                 sock.sendall(payload)
-                got = b""
-                while len(got) < len(client_hello("files.test")) + len(payload):
-                    assert (chunk := sock.recv(1 << 20)), "the tunnel was cut"
-                    got += chunk
+                read_exactly(sock, len(client_hello("files.test")) + len(payload))
             until(lambda: buffers_held(gw) == 0)
             with open_tunnel(proxy, sink) as sock:
                 sock.sendall(bytes(8 * BUFFER))
