@@ -127,44 +127,72 @@ BYTES = textwrap.dedent("""
 
 _peers = count(1)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# 10.214.250.2 is db.test's address in the names fixture and must stay unreachable
+SUBNETS = list(range(1, 250))
 
 
 def _sh(*argv):
-    subprocess.run(argv, check=True, capture_output=True)
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: exit {r.returncode}: {r.stderr.strip()}")
 
 
 class Peer:
-    """A namespace of the test's own with servers on 10.214.<n>.2 and .3."""
+    """A namespace of the test's own with servers on 10.214.<n>.2 and .3.
+
+    n is taken by making the host end ktiph<n>: the kernel refuses a name that is taken,
+    so two test runs on one host (or a veth left by a run that was killed) never share a
+    subnet; the namespace's name holds the pid, so it is never another run's."""
 
     def __init__(self, tmp, forwarding=True):
-        n = next(_peers) + os.getpid() % 200
-        self.ns, self.host_if = f"ktip{os.getpid()}-{n}", f"ktiph{n}"
-        self.a, self.b = f"10.214.{n}.2", f"10.214.{n}.3"
-        self.log = os.path.join(tmp, f"peer{n}.log")
+        k = next(_peers)
+        self.ns = f"ktip{os.getpid()}-{k}"
+        self.host_if, self.server = None, None
         _sh("ip", "netns", "add", self.ns)
-        _sh("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", "p0",
-            "netns", self.ns)
-        _sh("ip", "addr", "add", f"10.214.{n}.1/24", "dev", self.host_if)
-        _sh("ip", "link", "set", self.host_if, "up")
-        # the replies to the sandbox come in here and are forwarded: this interface only
-        with open(f"/proc/sys/net/ipv4/conf/{self.host_if}/forwarding", "w") as f:
-            f.write("1" if forwarding else "0")
-        for addr in (self.a, self.b):
-            _sh("ip", "-n", self.ns, "addr", "add", f"{addr}/24", "dev", "p0")
-        _sh("ip", "-n", self.ns, "link", "set", "p0", "up")
-        _sh("ip", "-n", self.ns, "link", "set", "lo", "up")
-        self.server = subprocess.Popen(["ip", "netns", "exec", self.ns, sys.executable,
-                                        "-c", SERVER, self.log], stdout=subprocess.PIPE)
-        assert self.server.stdout.readline() == b"ready\n"
+        try:
+            n = self._take_subnet(k)
+            self.a, self.b = f"10.214.{n}.2", f"10.214.{n}.3"
+            self.log = os.path.join(tmp, f"peer{n}.log")
+            _sh("ip", "addr", "add", f"10.214.{n}.1/24", "dev", self.host_if)
+            _sh("ip", "link", "set", self.host_if, "up")
+            # the replies to the sandbox come in here and are forwarded: this interface only
+            with open(f"/proc/sys/net/ipv4/conf/{self.host_if}/forwarding", "w") as f:
+                f.write("1" if forwarding else "0")
+            for addr in (self.a, self.b):
+                _sh("ip", "-n", self.ns, "addr", "add", f"{addr}/24", "dev", "p0")
+            _sh("ip", "-n", self.ns, "link", "set", "p0", "up")
+            _sh("ip", "-n", self.ns, "link", "set", "lo", "up")
+            self.server = subprocess.Popen(["ip", "netns", "exec", self.ns, sys.executable,
+                                            "-c", SERVER, self.log], stdout=subprocess.PIPE)
+            assert self.server.stdout.readline() == b"ready\n"
+        except BaseException:
+            self.close()
+            raise
+
+    def _take_subnet(self, k):
+        """The first free n from one that moves on with each peer (a new peer does not
+        meet the last one's conntrack entries)."""
+        start = (os.getpid() + k) % len(SUBNETS)
+        for n in SUBNETS[start:] + SUBNETS[:start]:
+            r = subprocess.run(["ip", "link", "add", f"ktiph{n}", "type", "veth", "peer",
+                                "name", "p0", "netns", self.ns], capture_output=True, text=True)
+            if r.returncode == 0:
+                self.host_if = f"ktiph{n}"
+                return n
+            if "exists" not in r.stderr:
+                raise RuntimeError(f"ip link add ktiph{n}: {r.stderr.strip()}")
+        raise RuntimeError("every ktiph<n> for 10.214.<n>.0/24 is taken on this host")
 
     def seen(self):
         with open(self.log) as f:
             return f.read()
 
     def close(self):
-        self.server.kill()
-        self.server.wait()
-        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
+        if self.server is not None:
+            self.server.kill()
+            self.server.wait()
+        if self.host_if is not None:
+            subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
 
 
