@@ -242,8 +242,11 @@ def plain(value):
 
 def random_calls(func: str, rng: random.Random) -> list[list]:
     """The argument lists of one case: a few calls of func, like the asserts of one test.
-    A case of intersection meets both a None and an interval; a case of covers asks
-    about points inside and outside: no constant answer passes one."""
+    A case of intersection asks about a disjoint pair (None) first, then a touching and an
+    overlapping pair in either order: a case that ended on answers of None would pass an
+    agent that knows the answer to its first pair and answers None to the rest, which a
+    table of the cases of a few seeds does for about one episode in 25 (PRED-SEED-01). A
+    case of covers asks about points inside and outside: no constant answer passes one."""
     def interval():
         start = rng.randint(-30, 30)
         return [start, start + rng.choice((0, 1, 2, 3, 5, 8, 13))]
@@ -262,10 +265,12 @@ def random_calls(func: str, rng: random.Random) -> list[list]:
         a = interval()
         touching = rng.choice(([a[1], a[1] + rng.randint(0, 5)], [a[0] - rng.randint(0, 5), a[0]]))
         disjoint = [a[1] + 1 + rng.randint(0, 5), a[1] + 7 + rng.randint(0, 5)]
-        calls = [rng.sample([a, touching], 2), rng.sample([a, disjoint], 2),
-                 rng.sample([a, interval()], 2)]
+        start = rng.randint(a[0] - 8, a[1])
+        overlapping = [start, rng.randint(max(start, a[0]), a[1] + 8)]
+        # the None first: a case never ends on an answer that a default of None gives
+        calls = [rng.sample([a, touching], 2), rng.sample([a, overlapping], 2)]
         rng.shuffle(calls)
-        return calls
+        return [rng.sample([a, disjoint], 2), *calls]
     if func == "covers":
         intervals = several()
         points = [p for start, end in intervals for p in (start - 1, start, end, end + 1)]
