@@ -142,7 +142,7 @@ class Peer:
 
     n is taken by making the host end ktiph<n>: the kernel refuses a name that is taken,
     so two test runs on one host (or a veth left by a run that was killed) never share a
-    subnet; the namespace's name holds the pid, so it is never another run's."""
+    subnet; the namespace's name holds the pid, so it is never a live run's."""
 
     def __init__(self, tmp, forwarding=True):
         k = next(_peers)
